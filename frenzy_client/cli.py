@@ -1,0 +1,57 @@
+"""Argument parsing for ``frenzy-client``: one sub-command module per area, errors mapped once."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from frenzyd.errors import FrenzyError
+
+# Each module exposes ``register(subparsers)``, which adds its sub-commands and
+# sets ``handler`` (args -> exit code) on each.
+_COMMAND_MODULES = (
+    "frenzy_client.cmd_predict",
+    "frenzy_client.cmd_simulate",
+    "frenzy_client.cmd_pool",
+    "frenzy_client.cmd_jobs",
+)
+
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="frenzy-client",
+        description=(
+            "Frenzy: train language models on a lab's pooled, mixed GPUs. "
+            "predict and simulate run offline; run/status/jobs/logs/cancel talk to the local frenzyd."
+        ),
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def run_cli(argv: Sequence[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.handler(args))
+    except FrenzyError as exc:
+        print(f"frenzy-client: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("frenzy-client: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""HAS: the heterogeneity-aware scheduler and its baselines, behind one policy interface."""

@@ -1,0 +1,1 @@
+"""MARP: predicts per-GPU training memory and lists the GPU plans that fit."""

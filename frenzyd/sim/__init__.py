@@ -1,0 +1,1 @@
+"""Trace-driven discrete-event simulator that drives any HAS policy."""
