@@ -62,3 +62,7 @@ class InventoryError(FrenzyError):
 
 class DaemonUnreachable(FrenzyError):
     """The client could not reach a daemon; the message names the address tried."""
+
+
+class JobStateError(FrenzyError):
+    """A job lifecycle move the state machine forbids, or an unknown job id."""
