@@ -25,9 +25,10 @@ SHA = "ab" * 32
 
 
 def spec(**kw: object) -> JobSpec:
-    base: dict[str, object] = {"argv": ("train.py", "--lr", "1e-3"), "payload_sha256": SHA, "payload_size": 10,
-                                   "python_version": "3.11.7", "torch_version": "2.13.0", "nproc": 2,
-                                   "mem_per_rank": 1 << 30}
+    base: dict[str, object] = {
+        "argv": ("train.py", "--lr", "1e-3"), "payload_sha256": SHA, "payload_size": 10,
+        "python_version": "3.11.7", "torch_version": "2.13.0", "nproc": 2, "mem_per_rank": 1 << 30,
+    }
     base.update(kw)
     return JobSpec(**base)  # type: ignore[arg-type]
 
