@@ -176,14 +176,14 @@ class JobStore:
                 yield {"type": "state", "job": self.get(job_id).summary()}
                 return
             while True:
-                ev = await q.get()
-                if ev is None:
+                live = await q.get()
+                if live is None:
                     yield {"type": "state", "job": self.get(job_id).summary()}
                     return
-                if ev["type"] == "output":
-                    if ev["seq"] <= last:
+                if live["type"] == "output":
+                    if live["seq"] <= last:
                         continue
-                    last = ev["seq"]
-                yield ev
+                    last = live["seq"]
+                yield live
         finally:
             self._followers.get(job_id, set()).discard(q)
