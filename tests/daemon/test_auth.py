@@ -33,7 +33,8 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> dict[str, auth.Credential
 
 def test_pool_and_node_files_and_permissions(tmp_path: Path) -> None:
     info = auth.create_pool(tmp_path / "pool")
-    assert len(info.pool_id) == 64 and len(f"pool={info.pool_id}") < 255
+    assert len(info.pool_id) == 64
+    assert len(f"pool={info.pool_id}") < 255
     assert stat.S_IMODE((tmp_path / "pool" / "ca.key").stat().st_mode) == 0o600
     node = auth.add_node(tmp_path / "pool", "ws-01", tmp_path / "node")
     assert stat.S_IMODE((tmp_path / "node" / "node.key").stat().st_mode) == 0o600
@@ -72,7 +73,9 @@ def test_key_and_certificate_must_match(tmp_path: Path) -> None:
     assert info.value.reason == "bad_certificate"
 
 
-def test_node_ids_differ_and_same_name_in_other_pool_is_another_node(pools: dict[str, auth.Credentials]) -> None:
+def test_node_ids_differ_and_same_name_in_other_pool_is_another_node(
+    pools: dict[str, auth.Credentials],
+) -> None:
     a, b, x = pools["a"], pools["b"], pools["x"]
     assert len({a.node_id, b.node_id, x.node_id}) == 3
     assert a.pool_id == b.pool_id != x.pool_id
@@ -92,7 +95,7 @@ def test_certificate_of_another_pool_is_untrusted(pools: dict[str, auth.Credenti
     assert info.value.reason == "bad_certificate"
 
 
-def test_forged_issuer_name_is_caught_by_the_signature(tmp_path: Path, pools: dict[str, auth.Credentials]) -> None:
+def test_forged_issuer_name_is_caught_by_the_signature(pools: dict[str, auth.Credentials]) -> None:
     a = pools["a"]
     # An attacker's CA with the very same subject as the lab CA (names are public).
     from cryptography import x509
@@ -196,7 +199,8 @@ def test_cli_pool_init_and_add_node_json(tmp_path: Path, root: Path) -> None:
     assert run.returncode == 0, run.stderr
     pool = json.loads(run.stdout)
     run = subprocess.run(
-        [*env_py, "pool", "add-node", str(tmp_path / "pool"), "ws-01", "--out", str(tmp_path / "n"), "--json"],
+        [*env_py, "pool", "add-node", str(tmp_path / "pool"), "ws-01", "--out", str(tmp_path / "n"),
+         "--json"],
         capture_output=True, text=True, cwd=root, timeout=60, check=False,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
@@ -210,4 +214,5 @@ def test_cli_pool_init_and_add_node_json(tmp_path: Path, root: Path) -> None:
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
     assert again.returncode == 1
-    assert "already holds a pool CA" in again.stderr and "Traceback" not in again.stderr
+    assert "already holds a pool CA" in again.stderr
+    assert "Traceback" not in again.stderr
