@@ -56,8 +56,16 @@ def _init(args: argparse.Namespace) -> int:
 def _add_node(args: argparse.Namespace) -> int:
     node = auth.add_node(args.dir, args.name, args.out)
     if args.json:
-        print(json.dumps({"node_id": node.node_id, "node_name": node.node_name,
-                          "pool_id": node.pool_id, "credentials": str(node.out_dir)}))
+        print(
+            json.dumps(
+                {
+                    "node_id": node.node_id,
+                    "node_name": node.node_name,
+                    "pool_id": node.pool_id,
+                    "credentials": str(node.out_dir),
+                }
+            )
+        )
     else:
         print(f"enrolled node {node.node_name} (id {node.node_id}) in pool {node.pool_id[:16]}…")
         print(f"  credentials: {node.out_dir}  (copy to the node; set [pool] credentials to it)")

@@ -173,9 +173,15 @@ def new_ca(pool_name: str, now: dt.datetime) -> tuple[bytes, bytes]:
         .add_extension(x.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -210,8 +216,9 @@ def _load_key(key_pem: bytes) -> Ed25519PrivateKey:
     return key
 
 
-def issue_node_cert(ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_pem: bytes,
-                    now: dt.datetime) -> bytes:
+def issue_node_cert(
+    ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_pem: bytes, now: dt.datetime
+) -> bytes:
     """Sign a certificate for ``node_name``'s key with the pool CA; return its PEM.
 
     The certificate is good for both TLS roles (server and client auth) and for
@@ -235,9 +242,15 @@ def issue_node_cert(ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_p
         .add_extension(x.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -251,8 +264,9 @@ def issue_node_cert(ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_p
     return _pem(cert)
 
 
-def verify_node_cert(ca_pem: bytes, cert_pem_or_der: bytes, *, now: dt.datetime | None = None
-                     ) -> tuple[str, str]:
+def verify_node_cert(
+    ca_pem: bytes, cert_pem_or_der: bytes, *, now: dt.datetime | None = None
+) -> tuple[str, str]:
     """Check that a node certificate was issued by this pool's CA; return ``(node_id, node_name)``.
 
     Checks issuer name, the CA's signature over the certificate, that it is not a CA
@@ -305,8 +319,9 @@ def sign(creds: Credentials, data: bytes) -> bytes:
     return _load_key(creds.key_pem).sign(data)
 
 
-def verify_signed(ca_pem: bytes, cert_pem: bytes, data: bytes, sig: bytes, *,
-                  now: dt.datetime | None = None) -> str:
+def verify_signed(
+    ca_pem: bytes, cert_pem: bytes, data: bytes, sig: bytes, *, now: dt.datetime | None = None
+) -> str:
     """Verify ``sig`` over ``data`` by the holder of ``cert_pem`` (a node of this pool); return its id.
 
     Raises AuthError(``bad_signature`` or a certificate reason) — never returns a falsy value.
@@ -332,8 +347,14 @@ def seal_order(creds: Credentials, kind: str, body: dict[str, Any]) -> dict[str,
     return {"frame": frame, "cert": creds.cert_pem, "sig": sign(creds, frame)}
 
 
-def open_order(ca_pem: bytes, envelope: wire.Message, *, sender_id: str | None = None,
-               now: dt.datetime | None = None, max_bytes: int = wire.DEFAULT_MAX) -> SignedOrder:
+def open_order(
+    ca_pem: bytes,
+    envelope: wire.Message,
+    *,
+    sender_id: str | None = None,
+    now: dt.datetime | None = None,
+    max_bytes: int = wire.DEFAULT_MAX,
+) -> SignedOrder:
     """Verify a ``signed`` envelope and decode the inner frame it signs.
 
     ``sender_id`` (the TLS peer's node id), when given, must be the signer: a node
@@ -443,7 +464,13 @@ def load_credentials(cred_dir: Path) -> Credentials:
     except (AuthError, WireError) as exc:
         raise ConfigError(f"{paths[CA_FILE]} is not a certificate: {exc}") from exc
     return Credentials(
-        node_id=node_id, node_name=name, pool_id=pool_id, ca_cert=paths[CA_FILE],
-        node_cert=paths[NODE_CERT_FILE], node_key=paths[NODE_KEY_FILE],
-        ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
+        node_id=node_id,
+        node_name=name,
+        pool_id=pool_id,
+        ca_cert=paths[CA_FILE],
+        node_cert=paths[NODE_CERT_FILE],
+        node_key=paths[NODE_KEY_FILE],
+        ca_pem=ca_pem,
+        cert_pem=cert_pem,
+        key_pem=key_pem,
     )

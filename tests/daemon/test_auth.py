@@ -105,10 +105,15 @@ def test_forged_issuer_name_is_caught_by_the_signature(pools: dict[str, auth.Cre
     lab_ca = x509.load_pem_x509_certificate(a.ca_pem)
     evil_key = Ed25519PrivateKey.generate()
     evil_ca = (
-        x509.CertificateBuilder().subject_name(lab_ca.subject).issuer_name(lab_ca.subject)
-        .public_key(evil_key.public_key()).serial_number(1)
-        .not_valid_before(NOW - dt.timedelta(days=1)).not_valid_after(NOW + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(evil_key, None)
+        x509.CertificateBuilder()
+        .subject_name(lab_ca.subject)
+        .issuer_name(lab_ca.subject)
+        .public_key(evil_key.public_key())
+        .serial_number(1)
+        .not_valid_before(NOW - dt.timedelta(days=1))
+        .not_valid_after(NOW + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(evil_key, None)
     )
     evil_key_pem = evil_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
     node_key = auth.new_node_key()
@@ -193,15 +198,31 @@ def test_cli_pool_init_and_add_node_json(tmp_path: Path, root: Path) -> None:
     env_py = [sys.executable, "-m", "frenzy_client"]
     run = subprocess.run(
         [*env_py, "pool", "init", str(tmp_path / "pool"), "--json"],
-        capture_output=True, text=True, cwd=root, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        check=False,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stderr
     pool = json.loads(run.stdout)
     run = subprocess.run(
-        [*env_py, "pool", "add-node", str(tmp_path / "pool"), "ws-01", "--out", str(tmp_path / "n"),
-         "--json"],
-        capture_output=True, text=True, cwd=root, timeout=60, check=False,
+        [
+            *env_py,
+            "pool",
+            "add-node",
+            str(tmp_path / "pool"),
+            "ws-01",
+            "--out",
+            str(tmp_path / "n"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        check=False,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stderr
@@ -210,7 +231,11 @@ def test_cli_pool_init_and_add_node_json(tmp_path: Path, root: Path) -> None:
     assert auth.load_credentials(Path(node["credentials"])).node_id == node["node_id"]
     again = subprocess.run(
         [*env_py, "pool", "init", str(tmp_path / "pool")],
-        capture_output=True, text=True, cwd=root, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+        check=False,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
     assert again.returncode == 1
