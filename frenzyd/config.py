@@ -448,12 +448,11 @@ def config_from_dict(
         tables[name] = _Section(name, t)
 
     n = tables["node"]
-    name = n.str_("name", required=True)
-    assert name is not None
-    if not NODE_NAME_RE.match(name):
-        raise ConfigError(f"[node] name = {name!r}: use letters, digits, '.', '_' or '-' (e.g. 'ws-01')")
+    node_name = n.str_("name", required=True) or ""
+    if not NODE_NAME_RE.match(node_name):
+        raise ConfigError(f"[node] name = {node_name!r}: use letters, digits, '.', '_' or '-' (e.g. 'ws-01')")
     data_dir = _path(base, n.str_("data_dir", required=True) or "")
-    node = NodeSection(name=name, data_dir=data_dir, priority=n.int_("priority", 0, -(2**31), 2**31 - 1))
+    node = NodeSection(name=node_name, data_dir=data_dir, priority=n.int_("priority", 0, -(2**31), 2**31 - 1))
 
     w = tables["network"]
     listen = HostPort.parse(w.str_("listen", "0.0.0.0:7470") or "", "[network] listen")
