@@ -119,7 +119,11 @@ def test_random_bytes_never_raise_anything_but_frame_rejected(data: bytes) -> No
 
 
 _values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
     | st.binary(max_size=20),
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
     max_leaves=20,
