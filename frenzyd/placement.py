@@ -92,9 +92,19 @@ def place(
             f"{spec.torch_version} (peers offer: {', '.join(seen) or 'nothing'}); "
             "submit from a peer with the pool's Python environment"
         )
-    if spec.model is not None or spec.model_config is not None:
-        return _place_model(spec, matching, headroom)
-    return _place_ranks(spec, matching)
+    try:
+        if spec.model is not None or spec.model_config is not None:
+            return _place_model(spec, matching, headroom)
+        return _place_ranks(spec, matching)
+    except InfeasibleError as exc:
+        skipped = [p for p in offers if p.gpus and not versions_match(spec, p)]
+        if not skipped:
+            raise
+        seen = sorted({f"python {_py_minor(p.python_version)}/torch {p.torch_version}" for p in skipped})
+        raise InfeasibleError(
+            f"{exc} ({len(skipped)} peer(s) with GPUs were skipped because they run {', '.join(seen)}, "
+            f"not this job's python {_py_minor(spec.python_version)}/torch {spec.torch_version})"
+        ) from None
 
 
 def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None:
