@@ -43,6 +43,7 @@ from frenzyd.jobs import (
     transition,
 )
 from frenzyd.placement import OfferedGpu, PeerOffer, Placement, place
+from frenzyd.state import merge_jobs
 
 log = logging.getLogger(__name__)
 
@@ -263,22 +264,11 @@ class Orchestrator:
     def jobs_view(self, v: ClusterView | None = None) -> list[dict[str, Any]]:
         """Every job this node knows: its own, the coordinator table, and peers' reports."""
         v = v or self._view()
-        seen: dict[str, dict[str, Any]] = {}
-
-        def take(s: Mapping[str, Any]) -> None:
-            old = seen.get(s["id"])
-            if old is None or float(s.get("updated_at", 0)) > float(old.get("updated_at", 0)):
-                seen[s["id"]] = dict(s)
-
-        for rep in v.peers.values():
-            for s in rep.get("jobs") or ():
-                if isinstance(s, Mapping) and isinstance(s.get("id"), str):
-                    take(s)
-        for r in self.table.all():
-            take(r.summary())
-        for r in self.store.all():
-            take(r.summary())
-        return sorted(seen.values(), key=lambda s: (float(s.get("created_at", 0)), s["id"]))
+        return merge_jobs([
+            *(rep.get("jobs") or () for rep in v.peers.values()),
+            (r.summary() for r in self.table.all()),
+            (r.summary() for r in self.store.all()),
+        ])
 
     # --- submitter --------------------------------------------------------------------------
 
