@@ -73,7 +73,7 @@ MESSAGE_KINDS: dict[str, wire.Schema] = {
     "job.output": _S(required={"job_id": str, "chunks": list}),
     "job.results": _S(required={"job_id": str, "offset": int, "total": int, "data": bytes}),
     "job.exit": _S(required={"job_id": str, "term": int, "codes": list, "peer": str},
-                   optional={"record": dict}),
+                   optional={"record": dict, "vacated": bool}),
     "job.reply": _S(optional={"ok": bool, "reason": str, "master_port": int, "state": str,
                               "data": bytes, "total": int}),
 }
@@ -179,6 +179,7 @@ class Orchestrator:
         self._tg: asyncio.TaskGroup | None = None
         self._wake = asyncio.Event()
         self._results_buf: dict[str, bytearray] = {}
+        self._stopping = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -203,12 +204,20 @@ class Orchestrator:
                                 for w in waiters:
                                     w.cancel()
             finally:
-                for t in list(self._tasks):
-                    t.cancel()
-                for job_id in list(self._runs):
-                    with contextlib.suppress(Exception):
-                        await self.launcher.cancel(job_id)
+                await self._shutdown()
                 self._tg = None
+
+    async def _shutdown(self, grace_s: float = 5.0) -> None:
+        """Stop this node's ranks, let their watchers report them as vacated, cancel the rest."""
+        self._stopping = True
+        for job_id in list(self._runs):
+            with contextlib.suppress(Exception):
+                await self.launcher.cancel(job_id)
+        watchers = [t for t in self._tasks if t.get_name().startswith(("watch ", "output "))]
+        if watchers:
+            await asyncio.wait(watchers, timeout=grace_s)
+        for t in list(self._tasks):
+            t.cancel()
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         if self._tg is None:
@@ -407,14 +416,28 @@ class Orchestrator:
         if mine is not None and not mine.terminal:
             if "record" in body:
                 mine = self._apply_placement(mine, body["record"])
-            if mine.term == body["term"]:
+            if mine.term == body["term"] and mine.state == "running" and body.get("vacated"):
+                rec = transition(mine, "queued", now=self.clock(),
+                                 message=f"peer {peer[:12]} stopped while running ranks")
+                self.store.save(rec)
+                self._acked.pop(rec.id, None)
+                log.warning("job %s: %s; requeued", rec.id, rec.message)
+            elif mine.term == body["term"]:
                 rec = record_exits(mine, codes, now=self.clock())
                 if rec != mine:
                     self.store.save(rec)
                 if rec.terminal:
                     log.info("job %s %s: %s", rec.id, rec.state, rec.message)
         known = self.table.get(job_id)
-        if known is not None and known.state == "running" and known.term == body["term"]:
+        current = known is not None and known.state == "running" and known.term == body["term"]
+        if known is not None and current and body.get("vacated"):
+            self.table.update(transition(known, "queued", now=self.clock(),
+                                         message=f"peer {peer[:12]} stopped while running ranks"))
+            self._unreserve(job_id)
+            others = [p for p in known.peers() if p != peer]
+            await self._stop_everywhere(known, self._view().term, only=others)
+            self.wake()
+        elif known is not None and current:
             done = record_exits(known, codes, now=self.clock())
             self.table.update(done)
             if done.terminal:
@@ -736,14 +759,14 @@ class Orchestrator:
                 break
             await asyncio.sleep(0.05)
         body: dict[str, Any] = {"job_id": run.job_id, "term": run.term, "codes": codes, "peer": self.node_id,
-                                "record": run.record}
+                                "record": run.record, "vacated": self._stopping}
         with contextlib.suppress(FrenzyError, OSError):
-            if rank0_here:
+            if rank0_here and not self._stopping:
                 data = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
                 for off in range(0, max(len(data), 1), CHUNK):
                     await self._send(run.submitter, "job.results", {"job_id": run.job_id, "offset": off,
                                      "total": len(data), "data": data[off:off + CHUNK]}, SEND_TIMEOUT_S)
-        for attempt in range(30):
+        for attempt in range(1 if self._stopping else 30):
             try:
                 await self._send(run.submitter, "job.exit", body, SEND_TIMEOUT_S)
                 break

@@ -159,3 +159,28 @@ async def test_records_and_logs_survive_restart(pool: Pool, tmp_path: Path) -> N
     )
     assert again.store.get(rec.id).state == "succeeded"
     assert "hello from rank" in "".join(e["data"] for e in again.store.read_output(rec.id))
+
+
+async def test_stopping_peer_vacates_and_the_job_reruns_elsewhere(pool: Pool, tmp_path: Path) -> None:
+    a, b, c, d = pool.add("a", 0), pool.add("b", 1), pool.add("c", 0), pool.add("d", 1)
+    pool.coordinator = "a"
+    pool.start()
+    script = "import os, time\nprint('attempt on', os.environ['FRENZY_JOB_ID'], flush=True)\ntime.sleep(2)\n"
+    rec = await c.orch.submit(request(job_dir(tmp_path, script), nproc=1))
+    first = await wait_state(c, rec.id, {"running"})
+    where = first["ranks"][0]["peer"]
+    node = pool.nodes[where]
+    async with asyncio.timeout(60):
+        async for ev in c.orch.store.follow(rec.id):
+            if ev["type"] == "output" and "attempt on" in ev["data"]:
+                break
+    node.stop.set()  # the daemon running the rank shuts down: its rank is vacated, not failed
+    assert node.task is not None
+    await node.task
+    pool.down.add(where)
+    done = await wait_state(c, rec.id, {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done
+    assert done["attempts"] == 2
+    assert done["ranks"][0]["peer"] == ({"b", "d"} - {where}).pop()
+    await eventually(lambda: a.orch.table.get(rec.id).state == "succeeded")  # type: ignore[union-attr]
+    assert b is not d
