@@ -202,7 +202,7 @@ def test_any_history_keeps_one_coordinator_monotone_terms_and_no_displacement(ev
         elif kind == "crash":
             pool.crash(node_id)
         for _ in range(wait):
-            before = {i for i in pool.coordinators()}
+            before = set(pool.coordinators())
             pool.step()
             coords = pool.coordinators()
             assert len(coords) <= 1, f"two live coordinators at t={pool.now}: {coords}"
