@@ -16,6 +16,7 @@ import pytest
 from frenzyd import auth, tls, wire
 from frenzyd.election import ElectionState, Role
 from frenzyd.errors import PeerError
+from frenzyd.peer_table import AddressBook, PeerTable
 from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
 
 from .conftest import fast_config
@@ -157,7 +158,7 @@ async def _raw_post(net: PeerNetwork, creds: auth.Credentials, data: bytes) -> t
         aiohttp.ClientSession(connector=connector) as s,
         s.post(url, data=data, headers={"Content-Type": CONTENT_TYPE}) as resp,
     ):
-            return resp.status, wire.decode(await resp.read())
+        return resp.status, wire.decode(await resp.read())
 
 
 async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
@@ -254,3 +255,48 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     rec = n2.table.get(n1.creds.node_id)
     assert rec is not None
     assert rec.report["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+
+
+async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(make_net: Any) -> None:
+    n1 = await make_net("n1")
+    n1.add_address("10.9.9.9:7470", {"id": "a" * 32, "pool": "b" * 64})
+    assert n1.auth_refusals["foreign_pool_hint"] == 1
+    n1.add_address("10.9.9.8:7470", {"id": n1.creds.node_id, "pool": n1.creds.pool_id})
+    assert n1.book.due(0.0) == []
+
+
+def test_peer_table_liveness_and_revival() -> None:
+    t = PeerTable(timeout_s=2.0)
+    hb = {"node_id": "p", "name": "p", "address": "h:1", "priority": 0, "term": 1, "coordinator": "p"}
+    rec, revived = t.heard(hb, 10.0)
+    assert revived
+    assert rec.first_seen == 10.0
+    assert t.live(11.9) == ["p"]
+    assert t.live(12.0) == []
+    rec, revived = t.heard(hb, 11.0)
+    assert not revived
+    assert rec.first_seen == 10.0
+    rec, revived = t.heard(hb, 20.0)  # came back after a silence: a new life
+    assert revived
+    assert rec.first_seen == 20.0
+
+
+def test_address_book_backs_off_and_dials_one_address_per_node() -> None:
+    b = AddressBook(base_s=1.0, max_s=8.0)
+    assert b.add("a:1", "static")
+    assert not b.add("a:1", "mdns")
+    b.add("a:2", "mdns")
+    b.add("me:1", "mdns")
+    b.succeeded("me:1", "self", is_self=True)
+    assert sorted(b.due(0.0)) == ["a:1", "a:2"]
+    b.succeeded("a:1", "node-a")
+    b.succeeded("a:2", "node-a")
+    assert len(b.due(0.0)) == 1  # same node: one address
+    b.add("c:1", "mdns")  # never answers
+    for _ in range(6):
+        b.failed("c:1", 100.0)
+    assert "c:1" not in b.due(107.9)
+    assert "c:1" in b.due(108.0)  # 1, 2, 4, 8, 8, 8: back-off is capped at max_s
+    for i in range(2000):
+        b.add(f"x:{i}", "mdns")
+    assert len(b.addresses()) <= 1024
