@@ -187,7 +187,12 @@ class PeerNetwork:
         """Bind the server, open the client session and start the heartbeat loop."""
         app = web.Application(client_max_size=self.max_frame_bytes)
         app.router.add_post(MSG_PATH, self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=max(0.5, self.config.timing.shutdown_deadline_s / 2),
+        )
         await self._runner.setup()
         listen = self.config.network.listen
         site = web.TCPSite(
@@ -198,21 +203,13 @@ class PeerNetwork:
             backlog=128,
         )
         await site.start()
-        self.port = self._bound_port()
+        self.port = site.port  # the real port when listen asks for port 0
         adv = self.config.network.advertise or listen.host
         self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"
         connector = aiohttp.TCPConnector(ssl=tls.client_context(self.creds), limit=256, limit_per_host=4)
         self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="frenzy-heartbeats")
         log.info("peer API on %s (advertised as %s), node %s", listen, self.address, self.creds.node_id)
-
-    def _bound_port(self) -> int:
-        assert self._runner is not None
-        for site in self._runner.sites:
-            srv = getattr(site, "_server", None)
-            for sock in getattr(srv, "sockets", None) or []:
-                return int(sock.getsockname()[1])
-        return self.config.network.listen.port
 
     async def stop(self) -> None:
         """Stop heartbeats, close the client session and the server (idempotent)."""

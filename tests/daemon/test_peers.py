@@ -17,7 +17,7 @@ from frenzyd import auth, tls, wire
 from frenzyd.election import ElectionState, Role
 from frenzyd.errors import PeerError
 from frenzyd.peer_table import AddressBook, PeerTable
-from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
+from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, RateLimitedLog, Reply
 
 from .conftest import fast_config
 
@@ -300,3 +300,45 @@ def test_address_book_backs_off_and_dials_one_address_per_node() -> None:
     for i in range(2000):
         b.add(f"x:{i}", "mdns")
     assert len(b.addresses()) <= 1024
+
+
+def test_rate_limited_log_warns_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    now = [0.0]
+    rl = RateLimitedLog(logging.getLogger("frenzyd.test"), interval_s=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="frenzyd.test"):
+        for _ in range(5):
+            rl.warning("k", "bad frame %s", "x")
+        rl.warning("other", "another reason")
+        now[0] = 61.0
+        rl.warning("k", "bad frame %s", "y")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["bad frame x", "another reason", "bad frame y (and 4 more since the last report)"]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 4
+
+
+async def test_tampered_signed_order_and_fallback_handler(
+    make_net: Any, pool_creds: dict[str, auth.Credentials]
+) -> None:
+    got: list[tuple[str, str, bool]] = []
+
+    async def fallback(peer: str, msg: wire.Message, signed: bool) -> dict[str, Any]:
+        got.append((peer, msg.kind, signed))
+        return {"detail": "fallback"}
+
+    n1 = await make_net("n1", on_message=fallback)
+    me = pool_creds["n2"]
+    env = auth.seal_order(me, "test.echo", {"text": "x", "term": 0})
+    env["sig"] = bytes(64)
+    status, reply = await _raw_post(n1, me, wire.encode(wire.SIGNED_KIND, env))
+    assert (status, reply.body["reason"]) == (403, "bad_signature")
+    assert n1.auth_refusals["bad_signature"] == 1
+    # Signed by n3 but sent by n2: a relay, refused.
+    env = auth.seal_order(pool_creds["n3"], "test.echo", {"text": "x", "term": 0})
+    status, reply = await _raw_post(n1, me, wire.encode(wire.SIGNED_KIND, env))
+    assert (status, reply.body["reason"]) == (403, "signer_mismatch")
+    # A kind nobody registered goes to the fallback, with the signed flag.
+    status, reply = await _raw_post(n1, me, wire.encode("test.echo", {"text": "plain"}))
+    assert (status, reply.body) == (200, {"detail": "fallback"})
+    assert got == [(me.node_id, "test.echo", False)]
