@@ -231,14 +231,14 @@ class PeerNetwork:
         self.auth_refusals[reason] += 1
         self._ratelog.warning(f"tls:{reason}", "refused a TLS connection: %s", reason)
 
-    def _drop(self, reason: str, peer: str, detail: str) -> web.Response:
+    def _drop(self, reason: str, peer: str, detail: str) -> tuple[int, bytes]:
         self.dropped[reason] += 1
         self._ratelog.warning(f"drop:{reason}", "dropped a frame from %s: %s (%s)", peer, reason, detail)
-        return self._error_response(reason, detail, 400)
+        return self._error(reason, detail, 400)
 
-    def _error_response(self, reason: str, detail: str, status: int) -> web.Response:
-        body = wire.encode("error", {"reason": reason, "detail": detail[:500]})
-        return web.Response(body=body, status=status, content_type=CONTENT_TYPE)
+    @staticmethod
+    def _error(reason: str, detail: str, status: int) -> tuple[int, bytes]:
+        return status, wire.encode("error", {"reason": reason, "detail": detail[:500]})
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
@@ -248,12 +248,20 @@ class PeerNetwork:
         except AuthError as exc:
             self.auth_refusals[exc.reason] += 1
             self._ratelog.warning(f"auth:{exc.reason}", "refused a request from %s: %s", request.remote, exc)
-            return self._error_response(exc.reason, str(exc), 403)
-        label = f"{peer_name} ({peer_id[:12]})"
-        try:
-            data = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._drop("oversized", label, f"body over {self.max_frame_bytes} bytes")
+            status, frame = self._error(exc.reason, str(exc), 403)
+        else:
+            label = f"{peer_name} ({peer_id[:12]})"
+            try:
+                data = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                status, frame = self._drop("oversized", label, f"body over {self.max_frame_bytes} bytes")
+            else:
+                status, frame = await self._process(peer_id, label, data)
+        return web.Response(body=frame, status=status, content_type=CONTENT_TYPE)
+
+    async def _process(self, peer_id: str, label: str, data: bytes) -> tuple[int, bytes]:
+        """Decode, authorise and dispatch one frame from an authenticated peer; return the HTTP
+        status and the reply frame.  Never raises: every failure becomes an ``error`` frame."""
         try:
             msg = wire.decode(data, max_bytes=self.max_frame_bytes)
         except wire.FrameRejected as exc:
@@ -266,25 +274,23 @@ class PeerNetwork:
         except AuthError as exc:
             self.auth_refusals[exc.reason] += 1
             self._ratelog.warning(f"auth:{exc.reason}", "refused an order from %s: %s", label, exc)
-            return self._error_response(exc.reason, str(exc), 403)
+            return self._error(exc.reason, str(exc), 403)
         except ElectionError as exc:
             reason = str(exc).split(":", 1)[0]
             self.dropped[reason] += 1
             self._ratelog.warning(f"term:{reason}", "refused an order from %s: %s", label, exc)
-            return self._error_response(reason, str(exc), 409)
-        except PeerError as exc:
-            return self._error_response(exc.reason, str(exc), 400)
+            return self._error(reason, str(exc), 409)
         except FrenzyError as exc:
-            return self._error_response(type(exc).__name__, str(exc), 400)
+            why: object = getattr(exc, "reason", None)
+            return self._error(why if isinstance(why, str) else type(exc).__name__, str(exc), 400)
         except Exception:
             log.exception("handler for %r from %s failed", msg.kind, label)
-            return self._error_response("internal", f"handler for {msg.kind!r} failed", 500)
+            return self._error("internal", f"handler for {msg.kind!r} failed", 500)
         try:
-            frame = wire.encode(kind, body)
+            return 200, wire.encode(kind, body)
         except WireError:
             log.exception("handler for %r returned an invalid reply", msg.kind)
-            return self._error_response("internal", "invalid reply", 500)
-        return web.Response(body=frame, content_type=CONTENT_TYPE)
+            return self._error("internal", "invalid reply", 500)
 
     async def _dispatch(self, peer_id: str, msg: wire.Message) -> tuple[str, dict[str, Any]]:
         if msg.kind == "heartbeat":
@@ -547,6 +553,14 @@ class PeerNetwork:
     async def _send_frame(
         self, node_id: str, kind: str, frame: bytes, timeout_s: float | None, max_reply_bytes: int | None
     ) -> wire.Message:
+        if node_id == self.creds.node_id:
+            # To ourselves: the same decode, checks and handlers, without the network.
+            _, reply_frame = await self._process(node_id, "this node", frame)
+            reply = wire.decode(reply_frame, max_bytes=max(len(reply_frame), 1))
+            self.sent[kind] += 1
+            if reply.kind == "error":
+                raise PeerError(reply.body["reason"], reply.body.get("detail", ""))
+            return reply
         rec = self.table.get(node_id)
         if rec is None:
             raise self._fail("unknown_peer", f"no address known for node {node_id[:12]}")

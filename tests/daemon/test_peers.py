@@ -342,3 +342,25 @@ async def test_tampered_signed_order_and_fallback_handler(
     status, reply = await _raw_post(n1, me, wire.encode("test.echo", {"text": "plain"}))
     assert (status, reply.body) == (200, {"detail": "fallback"})
     assert got == [(me.node_id, "test.echo", False)]
+
+
+async def test_messages_to_this_node_are_delivered_locally_with_the_same_checks(make_net: Any) -> None:
+    calls: list[str] = []
+
+    async def launch(peer: str, body: dict[str, Any]) -> Reply:
+        calls.append(peer)
+        return Reply("ok", {"detail": "local"})
+
+    n1 = await make_net("n1")
+    n1.on("test.launch", launch, signed=True)
+    assert await n1.wait_until(lambda: n1.election.role is Role.COORDINATOR, 5.0)
+    me, term = n1.creds.node_id, n1.election.term
+    reply = await n1.send_signed(me, "test.launch", {"job": "j", "term": term})
+    assert reply.body == {"detail": "local"}
+    assert calls == [me]
+    with pytest.raises(PeerError) as info:
+        await n1.send(me, "test.launch", {"job": "j", "term": term})
+    assert info.value.reason == "unsigned_order"
+    with pytest.raises(PeerError) as info:
+        await n1.send_signed(me, "test.launch", {"job": "j", "term": term - 1})
+    assert info.value.reason == "stale_term"
