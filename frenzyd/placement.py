@@ -1,0 +1,237 @@
+"""Where a queued job runs: MARP's feasible plans over the offered GPUs, then a concrete rank layout.
+
+Pure (values in, values out).  The coordinator hands in what peers offer (free, unleased,
+owner-protected GPUs per peer, with each peer's Python/torch versions) and gets back a
+``Placement`` (plan + rank -> peer/GPU), ``None`` when the job must wait for GPUs to free up,
+or ``InfeasibleError`` when no GPU of the matching peers could ever hold it.
+
+Layout rule (shared by both job kinds): ranks are packed onto as few peers as possible,
+fastest GPU type first; a tensor-parallel group never spans peers (DESIGN.md §3); ranks are
+numbered peer by peer so each tp group is contiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from frenzyd.errors import FrenzyError, InfeasibleError
+from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, GPU_TYPES
+from frenzyd.jobs import JobSpec, RankAssignment
+
+DEFAULT_HEADROOM = 0.10
+"""Fraction of a GPU's memory kept free on top of MARP's prediction (plan fits when
+``bytes_per_gpu * (1 + headroom) <= free``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedGpu:
+    """One GPU as its peer reports it."""
+
+    uuid: str
+    index: int
+    type: str
+    memory_bytes: int
+    free_bytes: int
+    simulated: bool
+    available: bool
+    """Offered by the owner protection and not leased to a job."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerOffer:
+    """A live, authenticated peer and its GPUs."""
+
+    node_id: str
+    name: str
+    address: str
+    python_version: str
+    torch_version: str
+    gpus: tuple[OfferedGpu, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A plan (status JSON ``plan``) and the ranks that realise it."""
+
+    plan: dict[str, Any]
+    ranks: tuple[RankAssignment, ...]
+    backend: str
+
+
+def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:
+    """Ranks run in the peer's Python environment: same Python major.minor and same torch."""
+    return _py_minor(spec.python_version) == _py_minor(peer.python_version) and (
+        spec.torch_version == peer.torch_version
+    )
+
+
+def _py_minor(v: str) -> str:
+    return ".".join(v.split(".")[:2])
+
+
+def _speed(gpu_type: str) -> float:
+    info = GPU_TYPES.get(gpu_type)
+    return info.speed if info is not None else DEFAULT_UNKNOWN_SPEED
+
+
+def place(
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = DEFAULT_HEADROOM
+) -> Placement | None:
+    """Place ``spec`` on the available GPUs of version-matching peers.
+
+    Returns ``None`` when it would fit the matching peers' GPUs but not the ones free now;
+    raises ``InfeasibleError`` (with what to change) when it can never fit.
+    """
+    matching = [p for p in offers if versions_match(spec, p)]
+    if not matching:
+        seen = sorted({f"python {_py_minor(p.python_version)}/torch {p.torch_version}" for p in offers})
+        raise InfeasibleError(
+            f"no peer matches this job's python {_py_minor(spec.python_version)} / torch "
+            f"{spec.torch_version} (peers offer: {', '.join(seen) or 'nothing'}); "
+            "submit from a peer with the pool's Python environment"
+        )
+    try:
+        if spec.model is not None or spec.model_config is not None:
+            return _place_model(spec, matching, headroom)
+        return _place_ranks(spec, matching)
+    except InfeasibleError as exc:
+        skipped = [p for p in offers if p.gpus and not versions_match(spec, p)]
+        if not skipped:
+            raise
+        seen = sorted({f"python {_py_minor(p.python_version)}/torch {p.torch_version}" for p in skipped})
+        raise InfeasibleError(
+            f"{exc} ({len(skipped)} peer(s) with GPUs were skipped because they run {', '.join(seen)}, "
+            f"not this job's python {_py_minor(spec.python_version)}/torch {spec.torch_version})"
+        ) from None
+
+
+def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None:
+    assert spec.nproc is not None
+    assert spec.mem_per_rank is not None
+    need, mem = spec.nproc, spec.mem_per_rank
+    ever = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem)
+    if ever < need:
+        raise InfeasibleError(
+            f"the job needs {need} GPUs with {mem / 2**30:.2f} GiB each; matching peers have only "
+            f"{ever} such GPUs in total: lower --nproc or --mem-per-rank"
+        )
+    groups = {p.node_id: [g for g in p.gpus if g.available and g.free_bytes >= mem] for p in offers}
+    chosen = _pack(offers, groups, need, group=1)
+    if chosen is None:
+        return None
+    ranks = _number(chosen)
+    gpus = [g for _, gs in chosen for g in gs]
+    types = sorted({g.type for g in gpus})
+    plan = {
+        "source": "declared",
+        "gpu_type": types[0] if len(types) == 1 else "+".join(types),
+        "gpus": need, "dp": need, "tp": 1, "pp": 1, "zero": 0,
+        "bytes_per_gpu": mem, "peers": len(chosen),
+    }
+    return Placement(plan, ranks, _backend(gpus))
+
+
+def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) -> Placement | None:
+    plans_all = marp_plans(spec, offers, headroom=headroom, only_available=False)
+    if not plans_all:
+        raise InfeasibleError(
+            "MARP finds no plan of this model and batch shape that fits the matching peers' GPUs, "
+            "even when idle: use a smaller --micro-batch or --seq-len, --recompute full, or --zero 3"
+        )
+    for plan in marp_plans(spec, offers, headroom=headroom, only_available=True):
+        per = int(plan["bytes_per_gpu"] * (1 + headroom))
+        groups = {
+            p.node_id: [
+                g for g in p.gpus if g.available and g.type == plan["gpu_type"] and g.free_bytes >= per
+            ]
+            for p in offers
+        }
+        chosen = _pack(offers, groups, int(plan["gpus"]), group=int(plan["tp"]))
+        if chosen is None:
+            continue
+        gpus = [g for _, gs in chosen for g in gs]
+        return Placement({**plan, "source": "marp", "peers": len(chosen)}, _number(chosen), _backend(gpus))
+    return None
+
+
+def marp_plans(
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
+) -> list[dict[str, Any]]:
+    """MARP's feasible plans (DESIGN.md §6 plan dicts, best first) over the offered GPU types."""
+    try:
+        from frenzyd.marp.model import load_model  # type: ignore[import-not-found,unused-ignore]
+        from frenzyd.marp.plans import feasible_plans  # type: ignore[import-not-found,unused-ignore]
+        from frenzyd.marp.spec import GpuPool, TrainingSetup
+    except ImportError as exc:  # pragma: no cover - only before MARP is merged
+        raise FrenzyError(
+            f"MARP is not available in this build ({exc}); submit with --nproc and --mem-per-rank"
+        ) from None
+    model = load_model(spec.model_config if spec.model_config is not None else spec.model)
+    assert spec.seq_len is not None
+    setup = TrainingSetup(
+        seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
+        global_batch=spec.global_batch, optimizer=spec.optimizer,  # type: ignore[arg-type]
+        recompute=spec.recompute, zero=spec.zero,  # type: ignore[arg-type]
+    )
+    by_type: dict[str, list[tuple[int, int]]] = {}
+    for p in offers:
+        counts: dict[str, list[int]] = {}
+        for g in p.gpus:
+            if only_available and not g.available:
+                continue
+            counts.setdefault(g.type, []).append(g.free_bytes if only_available else g.memory_bytes)
+        for t, mems in counts.items():
+            by_type.setdefault(t, []).append((len(mems), min(mems)))
+    pools = [
+        GpuPool(gpu_type=t, count=sum(c for c, _ in rows), memory_bytes=min(m for _, m in rows),
+                speed=_speed(t), gpus_per_node=max(c for c, _ in rows))
+        for t, rows in sorted(by_type.items())
+    ]
+    if not pools:
+        return []
+    plans = feasible_plans(model, setup, pools, headroom=headroom)
+    return [
+        {"gpu_type": pl.gpu_type, "gpus": pl.gpus, "dp": pl.dp, "tp": pl.tp, "pp": pl.pp, "zero": pl.zero,
+         "micro_batch": pl.micro_batch, "grad_accum": pl.grad_accum, "bytes_per_gpu": pl.bytes_per_gpu,
+         "gpu_memory_bytes": pl.gpu_memory_bytes, "step_time_s": pl.step_time_s}
+        for pl in plans
+    ]
+
+
+def _pack(
+    offers: Sequence[PeerOffer], groups: dict[str, list[OfferedGpu]], need: int, *, group: int
+) -> list[tuple[PeerOffer, list[OfferedGpu]]] | None:
+    """Take ``need`` GPUs in whole groups of ``group`` from as few peers as possible, fastest first."""
+    def key(p: PeerOffer) -> tuple[int, float, str]:
+        gs = groups[p.node_id]
+        usable = len(gs) - len(gs) % group
+        speed = max((_speed(g.type) for g in gs), default=0.0)
+        return (-min(usable, need), -speed, p.node_id)
+
+    chosen: list[tuple[PeerOffer, list[OfferedGpu]]] = []
+    left = need
+    for p in sorted(offers, key=key):
+        gs = sorted(groups[p.node_id], key=lambda g: (-_speed(g.type), g.index))
+        take = min(left, len(gs) - len(gs) % group)
+        if take <= 0:
+            continue
+        chosen.append((p, sorted(gs[:take], key=lambda g: g.index)))
+        left -= take
+        if left == 0:
+            return chosen
+    return None
+
+
+def _number(chosen: list[tuple[PeerOffer, list[OfferedGpu]]]) -> tuple[RankAssignment, ...]:
+    ranks: list[RankAssignment] = []
+    for peer, gpus in chosen:
+        for local, g in enumerate(gpus):
+            ranks.append(RankAssignment(len(ranks), peer.node_id, peer.name, g.uuid, g.index, local))
+    return tuple(ranks)
+
+
+def _backend(gpus: Sequence[OfferedGpu]) -> str:
+    """nccl needs real CUDA devices on every rank; any simulated GPU means gloo on CPU."""
+    return "gloo" if any(g.simulated for g in gpus) else "nccl"

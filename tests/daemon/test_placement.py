@@ -1,0 +1,101 @@
+"""Placement adapter: version matching, packing, tp groups inside one peer, wait vs infeasible."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frenzyd.errors import InfeasibleError
+from frenzyd.jobs import JobSpec
+from frenzyd.placement import OfferedGpu, PeerOffer, _pack, place
+
+GIB = 1 << 30
+
+
+def spec(nproc: int = 2, mem: int = GIB, py: str = "3.11.7", torch: str = "2.13.0") -> JobSpec:
+    return JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version=py,
+                   torch_version=torch, nproc=nproc, mem_per_rank=mem)
+
+
+def peer(nid: str, gpus: list[tuple[str, int, bool]], py: str = "3.11.9", torch: str = "2.13.0") -> PeerOffer:
+    return PeerOffer(
+        nid, nid.upper(), f"{nid}:1", py, torch,
+        tuple(OfferedGpu(f"{nid}-{i}", i, t, gib * GIB, gib * GIB, True, avail)
+              for i, (t, gib, avail) in enumerate(gpus)),
+    )
+
+
+def test_packs_onto_one_peer_when_possible() -> None:
+    offers = [peer("a", [("T4", 16, True)]), peer("b", [("A10", 24, True), ("A10", 24, True)])]
+    pl = place(spec(2), offers)
+    assert pl is not None
+    assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "b", 0), (1, "b", 1)]
+    assert pl.backend == "gloo"
+    assert pl.plan["peers"] == 1
+
+
+def test_spans_peers_and_numbers_ranks_peer_by_peer() -> None:
+    offers = [peer("a", [("T4", 16, True)]), peer("b", [("A10", 24, True)]), peer("c", [("L4", 24, False)])]
+    pl = place(spec(2), offers)
+    assert pl is not None
+    assert sorted(r.peer for r in pl.ranks) == ["a", "b"]
+    assert [r.rank for r in pl.ranks] == [0, 1]
+    assert all(r.local_rank == 0 for r in pl.ranks)
+
+
+def test_waits_when_busy_and_fails_when_never_fits() -> None:
+    offers = [peer("a", [("T4", 16, False), ("T4", 16, True)])]
+    assert place(spec(2), offers) is None
+    with pytest.raises(InfeasibleError, match="--nproc"):
+        place(spec(3), offers)
+    with pytest.raises(InfeasibleError, match="--mem-per-rank"):
+        place(spec(1, mem=17 * GIB), offers)
+
+
+def test_version_mismatch_is_never_placed() -> None:
+    offers = [peer("a", [("T4", 16, True)], torch="2.12.0")]
+    with pytest.raises(InfeasibleError, match=r"torch 2\.13\.0"):
+        place(spec(1), offers)
+    offers.append(peer("b", [("T4", 16, True)], py="3.12.1"))
+    with pytest.raises(InfeasibleError):
+        place(spec(1), offers)
+    offers.append(peer("c", [("T4", 16, True)]))
+    pl = place(spec(1), offers)
+    assert pl is not None
+    assert pl.ranks[0].peer == "c"
+
+
+def test_real_gpus_use_nccl() -> None:
+    p = peer("a", [("A100-80GB", 80, True)])
+    p = PeerOffer(p.node_id, p.name, p.address, p.python_version, p.torch_version,
+                  tuple(OfferedGpu(g.uuid, g.index, g.type, g.memory_bytes, g.free_bytes, False, True)
+                        for g in p.gpus))
+    pl = place(spec(1), [p])
+    assert pl is not None
+    assert pl.backend == "nccl"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), min_size=0, max_size=6), min_size=1, max_size=5),
+    st.integers(1, 12),
+    st.sampled_from([1, 2, 4]),
+)
+def test_pack_respects_groups_and_availability(avail: list[list[bool]], need: int, tp: int) -> None:
+    offers = [peer(f"p{i}", [("A10", 24, a) for a in row]) for i, row in enumerate(avail)]
+    groups = {p.node_id: [g for g in p.gpus if g.available] for p in offers}
+    chosen = _pack(offers, groups, need, group=tp)
+    possible = sum(len(gs) - len(gs) % tp for gs in groups.values())
+    if need % tp or possible < need:
+        assert chosen is None or sum(len(gs) for _, gs in chosen) == need
+        if possible < need:
+            assert chosen is None
+        return
+    assert chosen is not None
+    assert sum(len(gs) for _, gs in chosen) == need
+    used = [g.uuid for _, gs in chosen for g in gs]
+    assert len(set(used)) == need
+    for _, gs in chosen:
+        assert all(g.available for g in gs)
+        assert len(gs) % tp == 0
