@@ -55,6 +55,9 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 OUTPUT_BUFFER_CAP = 8 << 20
 """Unsent output kept per job while the submitter is unreachable; older chunks are dropped."""
 KEEP_FINISHED = 200
+RESUBMIT_S = 5.0
+"""A submitter re-sends its unfinished jobs this often even when acknowledged (idempotent), so a
+coordinator that lost its soft table (restart, new term) gets them back."""
 
 # --- message kinds ------------------------------------------------------------------------------
 
@@ -180,6 +183,7 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self._results_buf: dict[str, bytearray] = {}
         self._stopping = False
+        self._resend_at: dict[str, float] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -246,12 +250,19 @@ class Orchestrator:
             log.info("lease of job %s expired before its launch order came", lease.job_id)
         v = self._view()
         self.leases.observe_term(v.term)
+        self._ensure_table(v)
         await self._submitter_tick(v)
         if v.coordinator == self.node_id:
             await self._coordinator_tick(v)
-        elif self._table_term != -1:
+
+    def _ensure_table(self, v: ClusterView) -> None:
+        """Start a fresh soft job table when this node becomes coordinator of a new term."""
+        if v.coordinator == self.node_id and self._table_term != v.term:
+            log.info("coordinator for term %d: rebuilding the job view from peers' reports", v.term)
+            self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), v.term
+        elif v.coordinator != self.node_id and self._table_term != -1:
             log.info("no longer coordinator; dropping the soft job table")
-            self.table, self._reserved, self._table_term = JobTable(), {}, -1
+            self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
 
     # --- report and status --------------------------------------------------------------------
 
@@ -336,8 +347,10 @@ class Orchestrator:
                     self.store.save(rec)
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
-            if v.coordinator is None or self._acked.get(rec.id) == (v.coordinator, v.term):
+            acked = self._acked.get(rec.id) == (v.coordinator, v.term)
+            if v.coordinator is None or (acked and now < self._resend_at.get(rec.id, 0)):
                 continue
+            self._resend_at[rec.id] = now + RESUBMIT_S
             try:
                 reply = await self._send(v.coordinator, "job.submit", {"record": rec.to_dict()},
                                          SEND_TIMEOUT_S)
@@ -361,6 +374,8 @@ class Orchestrator:
     def _apply_placement(self, rec: JobRecord, body: Mapping[str, Any]) -> JobRecord:
         """Submitter: adopt the coordinator's placement carried in a state or exit message."""
         theirs = JobRecord.from_dict(body)
+        if rec.state == "running" and theirs.state == "running" and theirs.attempts > rec.attempts:
+            rec = transition(rec, "queued", now=self.clock(), message="placed again by the coordinator")
         if rec.state == "queued" and theirs.state == "running" and theirs.attempts > rec.attempts:
             rec = transition(rec, "running", now=self.clock(), plan=theirs.plan, ranks=theirs.ranks,
                              term=theirs.term, message="placed")
@@ -453,12 +468,11 @@ class Orchestrator:
     # --- coordinator ------------------------------------------------------------------------
 
     async def _coordinator_tick(self, v: ClusterView) -> None:
-        if self._table_term != v.term:
-            log.info("coordinator for term %d: rebuilding the job view from peers' reports", v.term)
-            self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), v.term
         for rec in self.table.running():
             gone = [p for p in rec.peers() if p not in v.peers]
             if gone:
+                log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
+                            rec.id, gone[0][:12])
                 self.table.update(transition(rec, "queued", now=self.clock(),
                                              message=f"peer {gone[0][:12]} lost"))
                 self._unreserve(rec.id)
@@ -547,7 +561,11 @@ class Orchestrator:
                 self.table.update(running)
                 log.info("job %s placed on %s (term %d)", rec.id,
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
-                await self._tell_submitter(running)
+                state = await self._tell_submitter(running)
+                if state in TERMINAL:  # the submitter finished it meanwhile (cancelled): undo
+                    self.table.update(transition(running, "cancelled", now=self.clock(),
+                                                 message=f"submitter says {state}"))
+                    await self._stop_everywhere(running, term)
             else:  # cancelled while we were launching
                 await self._stop_everywhere(running, term)
         except (FrenzyError, OSError) as exc:
@@ -562,15 +580,19 @@ class Orchestrator:
         finally:
             self._placing.discard(rec.id)
 
-    async def _tell_submitter(self, rec: JobRecord) -> None:
+    async def _tell_submitter(self, rec: JobRecord) -> str | None:
+        """Send the job's new state to its submitter; return the submitter's state (None: unreachable)."""
         for attempt in range(5):
             try:
-                await self._send(rec.submitter, "job.state", {"record": rec.to_dict()}, SEND_TIMEOUT_S)
+                reply = await self._send(rec.submitter, "job.state", {"record": rec.to_dict()},
+                                         SEND_TIMEOUT_S)
             except FrenzyError as exc:
                 log.info("job %s: submitter unreachable (%s), retry %d", rec.id, exc, attempt + 1)
                 await asyncio.sleep(self.heartbeat_s)
             else:
-                return
+                state = reply.get("state")
+                return state if isinstance(state, str) else None
+        return None
 
     async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None) -> None:
         for peer in only if only is not None else rec.peers():
@@ -583,6 +605,7 @@ class Orchestrator:
         v = self._view()
         if v.coordinator != self.node_id:
             return {"ok": False, "reason": "not the coordinator"}
+        self._ensure_table(v)
         theirs = JobRecord.from_dict(body["record"])
         if theirs.submitter != peer:
             return {"ok": False, "reason": "a job can only be submitted by its submitter"}
