@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MSG_PATH = "/v1/msg"
 CONTENT_TYPE = "application/x-frenzy-frame"
+CONNECTIONS_PER_PEER = 8
+"""Kept-alive TLS connections per peer (requests beyond this wait for a free one)."""
 FRAME_OVERHEAD = 64 * 1024
 """Room for an envelope's certificate, signature and keys around a payload-sized body."""
 
@@ -206,7 +208,9 @@ class PeerNetwork:
         self.port = site.port  # the real port when listen asks for port 0
         adv = self.config.network.advertise or listen.host
         self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"
-        connector = aiohttp.TCPConnector(ssl=tls.client_context(self.creds), limit=256, limit_per_host=4)
+        connector = aiohttp.TCPConnector(
+            ssl=tls.client_context(self.creds), limit=256, limit_per_host=CONNECTIONS_PER_PEER
+        )
         self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="frenzy-heartbeats")
         log.info("peer API on %s (advertised as %s), node %s", listen, self.address, self.creds.node_id)
