@@ -465,6 +465,36 @@ class PeerNetwork:
         """Node ids of the peers heard within the timeout."""
         return self.table.live(self._clock())
 
+    def reports(self) -> dict[str, dict[str, Any]]:
+        """Live peers' latest heartbeat reports by node id, this node's own included."""
+        now = self._clock()
+        out = {p: dict(rec.report) for p in self.table.live(now) if (rec := self.table.get(p)) is not None}
+        out[self.creds.node_id] = self._my_heartbeat()["report"]
+        return out
+
+    def peers_status(self) -> list[dict[str, Any]]:
+        """Every peer ever heard (this node first) as ``{"id", "name", "address", "alive", "report"}``
+        for the status JSON (DESIGN.md §6); ``report`` is the peer's latest heartbeat report."""
+        now = self._clock()
+        me = {
+            "id": self.creds.node_id,
+            "name": self.creds.node_name,
+            "address": self.address,
+            "alive": True,
+            "report": self._my_heartbeat()["report"],
+        }
+        others = [
+            {
+                "id": r.node_id,
+                "name": r.name,
+                "address": r.address,
+                "alive": self.table.is_alive(r.node_id, now),
+                "report": dict(r.report),
+            }
+            for r in sorted(self.table.records(), key=lambda r: r.name)
+        ]
+        return [me, *others]
+
     # --- the client side ---------------------------------------------------------------------
 
     async def _post(

@@ -255,6 +255,13 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     rec = n2.table.get(n1.creds.node_id)
     assert rec is not None
     assert rec.report["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert n2.reports()[n1.creds.node_id]["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert set(n2.reports()) == {n1.creds.node_id, n2.creds.node_id}
+    status = n2.peers_status()
+    assert [(p["name"], p["alive"]) for p in status] == [("n2", True), ("n1", True)]
+    await n1.stop()
+    assert await n2.wait_until(lambda: not n2.peers_status()[1]["alive"], 5.0)
+    assert set(n2.reports()) == {n2.creds.node_id}
 
 
 async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(make_net: Any) -> None:
