@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import sys
 import time
@@ -155,6 +156,7 @@ class PeerNetwork:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._inflight: dict[str, asyncio.Task[None]] = {}
         self._was_live: set[str] = set()
         self.port: int | None = None
         self.address = config.network.advertise_address
@@ -222,6 +224,10 @@ class PeerNetwork:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        for task in list(self._inflight.values()):
+            task.cancel()
+        if self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -402,17 +408,32 @@ class PeerNetwork:
             self._changed(change)
         return change
 
-    async def heartbeat_once(self) -> None:
-        """One round: heartbeat every due address concurrently, then tick the election."""
+    async def heartbeat_once(self, *, wait_s: float | None = None) -> None:
+        """One round: heartbeat every due address concurrently, then tick the election.
+
+        Waits for this round's replies at most ``wait_s`` (None: until all are done);
+        a slow address keeps its beat in flight and is skipped until it finishes, so
+        one unreachable peer never delays the others' heartbeats or the election.
+        """
         frame = wire.encode("heartbeat", self._my_heartbeat())
-        targets = self.book.due(self._clock())
-        if targets:
-            async with asyncio.TaskGroup() as tg:
-                for address in targets:
-                    tg.create_task(self._beat(address, frame))
+        started: list[asyncio.Task[None]] = []
+        for address in self.book.due(self._clock()):
+            if address in self._inflight:
+                continue
+            task = asyncio.create_task(self._beat(address, frame), name=f"heartbeat {address}")
+            self._inflight[address] = task
+            task.add_done_callback(functools.partial(self._beat_done, address))
+            started.append(task)
+        if started:
+            await asyncio.wait(started, timeout=wait_s)
         self.heartbeat_rounds += 1
         self.tick()
         self._notify()
+
+    def _beat_done(self, address: str, task: asyncio.Task[None]) -> None:
+        self._inflight.pop(address, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("heartbeat to %s failed unexpectedly", address, exc_info=exc)
 
     async def _beat(self, address: str, frame: bytes) -> None:
         try:
@@ -436,7 +457,7 @@ class PeerNetwork:
         while True:
             started = self._clock()
             try:
-                await self.heartbeat_once()
+                await self.heartbeat_once(wait_s=period)
             except Exception:  # a bug here must not end liveness for the whole node
                 log.exception("heartbeat round failed")
             await asyncio.sleep(max(0.0, period - (self._clock() - started)))

@@ -371,3 +371,29 @@ async def test_messages_to_this_node_are_delivered_locally_with_the_same_checks(
     with pytest.raises(PeerError) as info:
         await n1.send_signed(me, "test.launch", {"job": "j", "term": term - 1})
     assert info.value.reason == "stale_term"
+
+
+async def test_an_unresponsive_address_does_not_hold_up_the_round(make_net: Any) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accept, then never answer the TLS handshake
+
+    sink = await asyncio.start_server(hold, "127.0.0.1", 0)
+    sink_addr = f"127.0.0.1:{sink.sockets[0].getsockname()[1]}"
+    try:
+        n1 = await make_net("n1")
+        n2 = await make_net("n2")
+        n1.add_address(sink_addr, source="static")
+        n1.add_address(n2.address, source="static")
+        await n1.heartbeat_once(wait_s=1.0)
+        assert n2.creds.node_id in n1.live_peers()
+        stuck = n1._inflight.get(sink_addr)  # still waiting for the sink (request timeout 2 s)
+        assert stuck is not None
+        assert not stuck.done()
+        await n1.heartbeat_once(wait_s=0.0)  # the next round does not stack a second beat on it
+        assert n1._inflight.get(sink_addr) is stuck
+    finally:
+        for w in held:
+            w.close()
+        sink.close()
