@@ -36,7 +36,7 @@ from aiohttp import web
 from frenzyd import auth, tls, wire
 from frenzyd.config import Config
 from frenzyd.election import Change, ElectionState, PeerView
-from frenzyd.errors import AuthError, ElectionError, FrenzyError, PeerError, WireError
+from frenzyd.errors import AuthError, ConfigError, ElectionError, FrenzyError, PeerError, WireError
 from frenzyd.peer_table import AddressBook, PeerRecord, PeerTable
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,15 @@ class PeerNetwork:
             ssl_context=tls.server_context(self.creds, self._count_handshake_failure),
             backlog=128,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(
+                f"cannot listen for peers on {listen}: {exc.strerror or exc}; is another frenzyd running? "
+                "Change [network] listen or stop the other process"
+            ) from exc
         self.port = site.port  # the real port when listen asks for port 0
         adv = self.config.network.advertise or listen.host
         self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"

@@ -397,3 +397,21 @@ async def test_an_unresponsive_address_does_not_hold_up_the_round(make_net: Any)
         for w in held:
             w.close()
         sink.close()
+
+
+async def test_a_taken_port_is_a_config_error(
+    tmp_path: Path, pool_creds: dict[str, auth.Credentials]
+) -> None:
+    from frenzyd.errors import ConfigError
+
+    creds = pool_creds["n1"]
+    taken = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = taken.sockets[0].getsockname()[1]
+    try:
+        cfg = fast_config(tmp_path, creds, listen=f"127.0.0.1:{port}")
+        net = PeerNetwork(cfg, creds, ElectionState(creds.node_id, 0, started_at=0.0, grace_s=1.0))
+        with pytest.raises(ConfigError, match=r"\[network\] listen"):
+            await net.start()
+        await net.stop()
+    finally:
+        taken.close()
