@@ -18,6 +18,7 @@ core must not carry ``socket`` (tests/test_core_purity.py) — no I/O happens he
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -206,6 +207,7 @@ def _key_pem(key: Ed25519PrivateKey) -> bytes:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _load_key(key_pem: bytes) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
@@ -272,8 +274,17 @@ def verify_node_cert(
     Checks issuer name, the CA's signature over the certificate, that it is not a CA
     certificate, that its key is Ed25519, and (when ``now`` is given) its validity
     period.  Raises AuthError(``bad_certificate`` / ``untrusted_certificate`` /
-    ``expired_certificate``).
+    ``expired_certificate``).  The time-independent checks are memoised per
+    (CA, certificate) — a peer presents the same certificate on every request.
     """
+    node_id, name, not_before, not_after = _checked_cert(ca_pem, cert_pem_or_der)
+    if now is not None and not (not_before <= now <= not_after):
+        raise AuthError("expired_certificate", f"valid {not_before:%Y-%m-%d} to {not_after:%Y-%m-%d}")
+    return node_id, name
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_cert(ca_pem: bytes, cert_pem_or_der: bytes) -> tuple[str, str, dt.datetime, dt.datetime]:
     from cryptography.x509.oid import NameOID
 
     ca = _load_cert(ca_pem)
@@ -297,14 +308,18 @@ def verify_node_cert(
         raise AuthError("bad_certificate", "no basicConstraints extension") from exc
     if bc.ca:
         raise AuthError("bad_certificate", "a CA certificate cannot be a node certificate")
-    if now is not None and not (cert.not_valid_before_utc <= now <= cert.not_valid_after_utc):
-        raise AuthError(
-            "expired_certificate",
-            f"valid {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}",
-        )
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     name = str(names[0].value) if names else ""
-    return node_id_from_public_key(_raw_public(node_pub)), name
+    node_id = node_id_from_public_key(_raw_public(node_pub))
+    return node_id, name, cert.not_valid_before_utc, cert.not_valid_after_utc
+
+
+@functools.lru_cache(maxsize=1024)
+def _cert_public_key(cert_pem_or_der: bytes) -> Ed25519PublicKey:
+    pub = _load_cert(cert_pem_or_der).public_key()
+    if not isinstance(pub, Ed25519PublicKey):
+        raise AuthError("bad_certificate", "the node key is not Ed25519")
+    return pub
 
 
 def peer_identity_from_der(ca_pem: bytes, der: bytes, *, now: dt.datetime | None = None) -> tuple[str, str]:
@@ -327,8 +342,7 @@ def verify_signed(
     Raises AuthError(``bad_signature`` or a certificate reason) — never returns a falsy value.
     """
     node_id, _ = verify_node_cert(ca_pem, cert_pem, now=now)
-    pub = _load_cert(cert_pem).public_key()
-    assert isinstance(pub, Ed25519PublicKey)  # checked by verify_node_cert
+    pub = _cert_public_key(cert_pem)
     try:
         pub.verify(sig, data)
     except InvalidSignature as exc:

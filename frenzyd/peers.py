@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 import sys
 import time
@@ -35,13 +36,15 @@ from aiohttp import web
 from frenzyd import auth, tls, wire
 from frenzyd.config import Config
 from frenzyd.election import Change, ElectionState, PeerView
-from frenzyd.errors import AuthError, ElectionError, FrenzyError, PeerError, WireError
+from frenzyd.errors import AuthError, ConfigError, ElectionError, FrenzyError, PeerError, WireError
 from frenzyd.peer_table import AddressBook, PeerRecord, PeerTable
 
 log = logging.getLogger(__name__)
 
 MSG_PATH = "/v1/msg"
 CONTENT_TYPE = "application/x-frenzy-frame"
+CONNECTIONS_PER_PEER = 8
+"""Kept-alive TLS connections per peer (requests beyond this wait for a free one)."""
 FRAME_OVERHEAD = 64 * 1024
 """Room for an envelope's certificate, signature and keys around a payload-sized body."""
 
@@ -153,6 +156,7 @@ class PeerNetwork:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._inflight: dict[str, asyncio.Task[None]] = {}
         self._was_live: set[str] = set()
         self.port: int | None = None
         self.address = config.network.advertise_address
@@ -202,11 +206,21 @@ class PeerNetwork:
             ssl_context=tls.server_context(self.creds, self._count_handshake_failure),
             backlog=128,
         )
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(
+                f"cannot listen for peers on {listen}: {exc.strerror or exc}; is another frenzyd running? "
+                "Change [network] listen or stop the other process"
+            ) from exc
         self.port = site.port  # the real port when listen asks for port 0
         adv = self.config.network.advertise or listen.host
         self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"
-        connector = aiohttp.TCPConnector(ssl=tls.client_context(self.creds), limit=256, limit_per_host=4)
+        connector = aiohttp.TCPConnector(
+            ssl=tls.client_context(self.creds), limit=256, limit_per_host=CONNECTIONS_PER_PEER
+        )
         self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="frenzy-heartbeats")
         log.info("peer API on %s (advertised as %s), node %s", listen, self.address, self.creds.node_id)
@@ -218,6 +232,10 @@ class PeerNetwork:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        for task in list(self._inflight.values()):
+            task.cancel()
+        if self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -398,17 +416,32 @@ class PeerNetwork:
             self._changed(change)
         return change
 
-    async def heartbeat_once(self) -> None:
-        """One round: heartbeat every due address concurrently, then tick the election."""
+    async def heartbeat_once(self, *, wait_s: float | None = None) -> None:
+        """One round: heartbeat every due address concurrently, then tick the election.
+
+        Waits for this round's replies at most ``wait_s`` (None: until all are done);
+        a slow address keeps its beat in flight and is skipped until it finishes, so
+        one unreachable peer never delays the others' heartbeats or the election.
+        """
         frame = wire.encode("heartbeat", self._my_heartbeat())
-        targets = self.book.due(self._clock())
-        if targets:
-            async with asyncio.TaskGroup() as tg:
-                for address in targets:
-                    tg.create_task(self._beat(address, frame))
+        started: list[asyncio.Task[None]] = []
+        for address in self.book.due(self._clock()):
+            if address in self._inflight:
+                continue
+            task = asyncio.create_task(self._beat(address, frame), name=f"heartbeat {address}")
+            self._inflight[address] = task
+            task.add_done_callback(functools.partial(self._beat_done, address))
+            started.append(task)
+        if started:
+            await asyncio.wait(started, timeout=wait_s)
         self.heartbeat_rounds += 1
         self.tick()
         self._notify()
+
+    def _beat_done(self, address: str, task: asyncio.Task[None]) -> None:
+        self._inflight.pop(address, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("heartbeat to %s failed unexpectedly", address, exc_info=exc)
 
     async def _beat(self, address: str, frame: bytes) -> None:
         try:
@@ -432,7 +465,7 @@ class PeerNetwork:
         while True:
             started = self._clock()
             try:
-                await self.heartbeat_once()
+                await self.heartbeat_once(wait_s=period)
             except Exception:  # a bug here must not end liveness for the whole node
                 log.exception("heartbeat round failed")
             await asyncio.sleep(max(0.0, period - (self._clock() - started)))
@@ -460,6 +493,36 @@ class PeerNetwork:
     def live_peers(self) -> list[str]:
         """Node ids of the peers heard within the timeout."""
         return self.table.live(self._clock())
+
+    def reports(self) -> dict[str, dict[str, Any]]:
+        """Live peers' latest heartbeat reports by node id, this node's own included."""
+        now = self._clock()
+        out = {p: dict(rec.report) for p in self.table.live(now) if (rec := self.table.get(p)) is not None}
+        out[self.creds.node_id] = self._my_heartbeat()["report"]
+        return out
+
+    def peers_status(self) -> list[dict[str, Any]]:
+        """Every peer ever heard (this node first) as ``{"id", "name", "address", "alive", "report"}``
+        for the status JSON (DESIGN.md §6); ``report`` is the peer's latest heartbeat report."""
+        now = self._clock()
+        me = {
+            "id": self.creds.node_id,
+            "name": self.creds.node_name,
+            "address": self.address,
+            "alive": True,
+            "report": self._my_heartbeat()["report"],
+        }
+        others = [
+            {
+                "id": r.node_id,
+                "name": r.name,
+                "address": r.address,
+                "alive": self.table.is_alive(r.node_id, now),
+                "report": dict(r.report),
+            }
+            for r in sorted(self.table.records(), key=lambda r: r.name)
+        ]
+        return [me, *others]
 
     # --- the client side ---------------------------------------------------------------------
 

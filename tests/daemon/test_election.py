@@ -157,6 +157,8 @@ class Pool:
     heard: dict[tuple[str, str], float] = field(default_factory=dict)
     term_log: dict[str, list[int]] = field(default_factory=dict)
     joined: dict[str, float] = field(default_factory=dict)
+    side: dict[str, int] = field(default_factory=dict)
+    """Partition: nodes hear each other only when on the same side (default: all on side 0)."""
 
     def join(self, node_id: str, priority: int) -> None:
         self.nodes[node_id] = ElectionState(node_id, priority, started_at=self.now, grace_s=GRACE)
@@ -172,7 +174,11 @@ class Pool:
         views = {i: self.nodes[i].view() for i in self.alive}
         for i in self.alive:
             for j, v in views.items():
-                if i != j and self.now - max(self.joined[i], self.joined[j]) >= DISCOVERY:
+                if (
+                    i != j
+                    and self.now - max(self.joined[i], self.joined[j]) >= DISCOVERY
+                    and self.side.get(i, 0) == self.side.get(j, 0)
+                ):
                     self.nodes[i].observe(v)
                     self.heard[i, j] = self.now
         for i in sorted(self.alive):
@@ -232,3 +238,34 @@ def test_nodes_starting_together_elect_the_best_candidate(members: list[tuple[st
     best = min(members, key=lambda m: (-m[1], m[0]))[0]
     assert pool.coordinators() == [best]
     assert {pool.nodes[i].term for i in pool.alive} == {1}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(_ids, st.integers(0, 2)), min_size=2, max_size=6, unique_by=lambda t: t[0]),
+    st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_partitions_heal_into_one_coordinator_with_monotone_terms(
+    members: list[tuple[str, int]], split: list[bool]
+) -> None:
+    pool = Pool()
+    for k, (node_id, prio) in enumerate(members):
+        pool.join(node_id, prio)
+        pool.side[node_id] = int(split[k])
+    settle = int(GRACE + TIMEOUT + DISCOVERY) + 3
+    for _ in range(settle):
+        pool.step()
+    for side in (0, 1):  # each side elected its own coordinator: split brain, made harmless elsewhere
+        members_on_side = [i for i in pool.alive if pool.side[i] == side]
+        if members_on_side:
+            assert sum(pool.nodes[i].role is Role.COORDINATOR for i in members_on_side) == 1
+    pool.side.clear()  # the network heals
+    for _ in range(settle):
+        pool.step()
+    coords = pool.coordinators()
+    assert len(coords) == 1
+    assert {(pool.nodes[i].coordinator, pool.nodes[i].term) for i in pool.alive} == {
+        (coords[0], pool.nodes[coords[0]].term)
+    }
+    for i in pool.alive:
+        assert pool.term_log[i] == sorted(pool.term_log[i])

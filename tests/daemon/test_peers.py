@@ -255,6 +255,13 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     rec = n2.table.get(n1.creds.node_id)
     assert rec is not None
     assert rec.report["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert n2.reports()[n1.creds.node_id]["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert set(n2.reports()) == {n1.creds.node_id, n2.creds.node_id}
+    status = n2.peers_status()
+    assert [(p["name"], p["alive"]) for p in status] == [("n2", True), ("n1", True)]
+    await n1.stop()
+    assert await n2.wait_until(lambda: not n2.peers_status()[1]["alive"], 5.0)
+    assert set(n2.reports()) == {n2.creds.node_id}
 
 
 async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(make_net: Any) -> None:
@@ -364,3 +371,47 @@ async def test_messages_to_this_node_are_delivered_locally_with_the_same_checks(
     with pytest.raises(PeerError) as info:
         await n1.send_signed(me, "test.launch", {"job": "j", "term": term - 1})
     assert info.value.reason == "stale_term"
+
+
+async def test_an_unresponsive_address_does_not_hold_up_the_round(make_net: Any) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accept, then never answer the TLS handshake
+
+    sink = await asyncio.start_server(hold, "127.0.0.1", 0)
+    sink_addr = f"127.0.0.1:{sink.sockets[0].getsockname()[1]}"
+    try:
+        n1 = await make_net("n1")
+        n2 = await make_net("n2")
+        n1.add_address(sink_addr, source="static")
+        n1.add_address(n2.address, source="static")
+        await n1.heartbeat_once(wait_s=1.0)
+        assert n2.creds.node_id in n1.live_peers()
+        stuck = n1._inflight.get(sink_addr)  # still waiting for the sink (request timeout 2 s)
+        assert stuck is not None
+        assert not stuck.done()
+        await n1.heartbeat_once(wait_s=0.0)  # the next round does not stack a second beat on it
+        assert n1._inflight.get(sink_addr) is stuck
+    finally:
+        for w in held:
+            w.close()
+        sink.close()
+
+
+async def test_a_taken_port_is_a_config_error(
+    tmp_path: Path, pool_creds: dict[str, auth.Credentials]
+) -> None:
+    from frenzyd.errors import ConfigError
+
+    creds = pool_creds["n1"]
+    taken = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = taken.sockets[0].getsockname()[1]
+    try:
+        cfg = fast_config(tmp_path, creds, listen=f"127.0.0.1:{port}")
+        net = PeerNetwork(cfg, creds, ElectionState(creds.node_id, 0, started_at=0.0, grace_s=1.0))
+        with pytest.raises(ConfigError, match=r"\[network\] listen"):
+            await net.start()
+        await net.stop()
+    finally:
+        taken.close()
