@@ -142,8 +142,9 @@ class Daemon:
     def address(self) -> str:
         return f"unix:{self.conf.socket}"
 
-    def client(self, *args: str, check: bool = True, timeout: float = 120.0) -> str:
-        return cli(*args, "--daemon", self.address, check=check, timeout=timeout)
+    def client(self, sub: str, *args: str, check: bool = True, timeout: float = 120.0) -> str:
+        """``frenzy-client SUB --daemon this ARGS`` (``--daemon`` before any ``--``)."""
+        return cli(sub, "--daemon", self.address, *args, check=check, timeout=timeout)
 
     def status(self) -> dict[str, Any] | None:
         """``frenzy-client status --json`` or None while the daemon does not answer."""
