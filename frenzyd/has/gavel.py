@@ -189,7 +189,6 @@ class GavelPolicy:
                 free[t][g.peer].remove(g)
             granted.add(i)
             placements.append(Placement(jid, plan, tuple(gpus)))
+        # Every running job not renewed in place stops first (moved ones restart elsewhere).
         preempt = [jid for jid in running if jid not in keep and full_round]
-        moved = {p.job_id for p in placements}
-        preempt = [jid for jid in preempt if jid not in moved]
         return Decision(placements=tuple(placements), preemptions=tuple(sorted(preempt)))

@@ -92,13 +92,21 @@ def pools_of(cluster: Cluster) -> list[GpuPool]:
 def reduce_plans(plans: Sequence[Plan], speed: JobSpeed, cluster: Cluster) -> tuple[Plan, ...]:
     """The fastest plan per (type, GPU count), ``step_time_s`` set by the speed model when packed.
 
+    Plans whose tensor-parallel groups cannot be laid inside peers even on the
+    empty cluster are left out (they could never be placed).
+
     Sorted fastest first (ties by type and count) so every policy sees the same order.
     """
     speeds = {t.name: t.speed for t in cluster.types}
     per_peer = cluster.max_per_peer()
+    sizes = cluster.per_peer()
     best: dict[tuple[str, int], Plan] = {}
     for p in plans:
-        if p.gpu_type not in speeds or p.tp > per_peer[p.gpu_type]:
+        if p.gpu_type not in speeds:
+            continue
+        # tensor-parallel groups stay inside a peer: the empty cluster must hold dp·pp of them
+        groups = sum(n // p.tp for (_, t), n in sizes.items() if t == p.gpu_type)
+        if groups < p.dp * p.pp:
             continue
         step = speed.step_time_s(p, speeds[p.gpu_type], packed_peers(p, per_peer[p.gpu_type]))
         q = replace(p, step_time_s=step)
@@ -140,7 +148,12 @@ def prepare_jobs(
                 info = info_cache[j.model] = source.model_info(j.model)
             speed = JobSpeed(info.params, flops_per_step(info.params, info.layers, info.hidden, *key[1:]))
             raw = source.plans(j.model, j.seq_len, j.global_batch, pools)
-            user = frozenset((p.gpu_type, p.gpus) for p in raw if p.zero == 3 and p.tp == 1 and p.pp == 1)
+            # A ZeRO-3 plan on one GPU is plain single-GPU training: any 1-GPU plan stands for it.
+            user = frozenset(
+                (p.gpu_type, p.gpus)
+                for p in raw
+                if p.tp == 1 and p.pp == 1 and (p.zero == 3 or p.gpus == 1) and p.micro_batch >= 1
+            )
             shape_cache[key] = (speed, reduce_plans(raw, speed, cluster), user)
         speed, plans, user = shape_cache[key]
         if not plans:

@@ -64,7 +64,7 @@ class PolicyResult:
         jcts = sorted(o.end_s - o.arrival_s for o in done)
         queues = [o.first_start_s - o.arrival_s for o in done if o.first_start_s is not None]
         first = min((o.arrival_s for o in self.outcomes), default=0.0)
-        last = max((o.end_s for o in self.outcomes), default=0.0)
+        last = max((o.end_s for o in self.outcomes if o.state != "unfinished"), default=first)
         makespan = max(0.0, last - first)
         ms = sorted(d * 1e3 for d in self.decision_s)
         return {

@@ -247,6 +247,8 @@ def simulate(
             while next_tick <= now + _EPS:
                 next_tick += round_s if round_s else float("inf")
             if not event and not last_changed:
+                if not running and next_arrival >= len(arrivals):
+                    break  # stuck: nothing runs, nothing arrives, the policy places nothing
                 continue  # fixpoint: same state as the last round, only the clock moved
         for st in running.values():
             advance(st, now)
