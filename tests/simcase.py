@@ -43,11 +43,37 @@ def job_plans(cluster: Cluster, need_bytes: float, global_batch: int) -> list[Pl
         while n <= counts[t.name]:
             per = int(need_bytes / n)
             if per <= t.memory_bytes:
-                out.append(Plan(t.name, n, n, 1, 1, 3 if n > 1 else 0, 1, max(1, global_batch // n), per,
-                                t.memory_bytes, 1.0))
+                out.append(
+                    Plan(
+                        t.name,
+                        n,
+                        n,
+                        1,
+                        1,
+                        3 if n > 1 else 0,
+                        1,
+                        max(1, global_batch // n),
+                        per,
+                        t.memory_bytes,
+                        1.0,
+                    )
+                )
                 if n >= 2:
-                    out.append(Plan(t.name, n, n // 2, 2, 1, 0, 1, max(1, global_batch // (n // 2)), per,
-                                    t.memory_bytes, 1.0))
+                    out.append(
+                        Plan(
+                            t.name,
+                            n,
+                            n // 2,
+                            2,
+                            1,
+                            0,
+                            1,
+                            max(1, global_batch // (n // 2)),
+                            per,
+                            t.memory_bytes,
+                            1.0,
+                        )
+                    )
             n *= 2
     return out
 

@@ -48,7 +48,14 @@ def _job(jid: str, types: tuple[str, ...]) -> JobView:
 )
 def test_sia_ilp_returns_the_hand_solved_optimum(a100: int, expected: dict[str, str]) -> None:
     cluster = _cluster(a100)
-    snap = Snapshot(10.0, "round", cluster, cluster.gpus, (_job("j1", ("A100-80GB", "T4")), _job("j2", ("A100-80GB",))), ())
+    snap = Snapshot(
+        10.0,
+        "round",
+        cluster,
+        cluster.gpus,
+        (_job("j1", ("A100-80GB", "T4")), _job("j2", ("A100-80GB",))),
+        (),
+    )
     d = SiaPolicy().decide(snap, random.Random(0))
     assert {p.job_id: p.plan.gpu_type for p in d.placements} == expected
     assert d.solver_timeouts == 0
@@ -58,7 +65,8 @@ def test_sia_configurations_are_powers_of_two_in_a_node_plus_whole_nodes() -> No
     gpus = [Gpu(f"n{k}", i, "V100-32GB") for k in range(3) for i in range(8)]
     gpus += [Gpu("t", i, "T4") for i in range(2)]
     cluster = Cluster(
-        types=(GpuTypeSpec("T4", 16 * GIB, 0.35), GpuTypeSpec("V100-32GB", 32 * GIB, 1.0)), gpus=tuple(sorted(gpus))
+        types=(GpuTypeSpec("T4", 16 * GIB, 0.35), GpuTypeSpec("V100-32GB", 32 * GIB, 1.0)),
+        gpus=tuple(sorted(gpus)),
     )
     assert configurations(cluster) == [
         Config("T4", 1, 1),
@@ -96,10 +104,13 @@ def test_gavel_max_min_level_matches_the_hand_solution() -> None:
     x = max_min_allocation(thr, np.ones((2, 2)), np.array([1.0, 1.0]))
     levels = (thr * x).sum(axis=1) / np.array([2.5, 1.1])
     assert levels == pytest.approx([1.0, 1.0], abs=1e-4)
-    assert (x.sum(axis=1) <= 1 + 1e-6).all() and (x.sum(axis=0) <= 1 + 1e-6).all()
+    assert (x.sum(axis=1) <= 1 + 1e-6).all()
+    assert (x.sum(axis=0) <= 1 + 1e-6).all()
 
 
-def test_outside_policy_loads_by_module_attr_and_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outside_policy_loads_by_module_attr_and_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "my_policy.py").write_text(
         textwrap.dedent(
             """

@@ -61,7 +61,9 @@ def test_decisions_are_valid_and_deterministic(name: str, seed: int, n_jobs: int
 @pytest.mark.parametrize("name", MEMORY_AWARE)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=seeds, n_jobs=st.integers(1, 25), peers=st.integers(1, 6))
-def test_memory_aware_policies_only_place_fitting_plans(name: str, seed: int, n_jobs: int, peers: int) -> None:
+def test_memory_aware_policies_only_place_fitting_plans(
+    name: str, seed: int, n_jobs: int, peers: int
+) -> None:
     rng = random.Random(seed)
     cluster = make_cluster(rng, peers=peers)
     jobs = make_jobs(rng, cluster, n_jobs)

@@ -47,7 +47,8 @@ def test_alibaba_list_maps_types_and_leaves_out_undisclosed() -> None:
     assert sum(types.values()) == 1213 - 549 - 39
     a = alibaba_cluster(text, target_gpus=64, seed=1)
     b = alibaba_cluster(text, target_gpus=64, seed=1)
-    assert a == b and 56 <= len(a.gpus) <= 64
+    assert a == b
+    assert 56 <= len(a.gpus) <= 64
     mix = Counter(g.gpu_type for g in a.gpus)
     assert mix["T4"] > mix["P100"] > 0  # the real mix: T4 is the largest disclosed type
 
@@ -58,7 +59,8 @@ def test_trace_window_is_seeded_and_busy() -> None:
     w1 = busy_window(jobs, 150, seed=3)
     assert w1 == busy_window(jobs, 150, seed=3)
     assert w1 != busy_window(jobs, 150, seed=4)
-    assert len(w1) == 150 and w1[0].submit_s == 0.0
+    assert len(w1) == 150
+    assert w1[0].submit_s == 0.0
     assert max(j.submit_s for j in w1) <= 8 * 3600
 
 

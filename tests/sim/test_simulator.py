@@ -34,7 +34,8 @@ def test_every_job_ends_exactly_once(name: str, seed: int, n_jobs: int) -> None:
     for o in r.outcomes:
         assert o.end_s >= o.arrival_s
         if o.state == "completed":
-            assert o.first_start_s is not None and o.first_start_s >= o.arrival_s
+            assert o.first_start_s is not None
+            assert o.first_start_s >= o.arrival_s
     s = r.summary()
     assert s["jobs_completed"] + s["failed"] == n_jobs  # type: ignore[operator]
     assert 0.0 <= s["utilization"] <= 1.0 + 1e-9  # type: ignore[operator]
@@ -46,7 +47,7 @@ def test_every_job_ends_exactly_once(name: str, seed: int, n_jobs: int) -> None:
 
 
 class _Greedy:
-    """Places every queued job on its first plan's GPUs, taken blindly: used to test the simulator's checks."""
+    """Places each queued job on its first plan, GPUs taken blindly (tests the simulator checks)."""
 
     name = "greedy"
     round_s = None
