@@ -20,14 +20,18 @@ TYPES = ("T4", "RTX-3090", "RTX-A6000", "A100-40GB", "A100-80GB")
 
 
 def make_cluster(rng: random.Random, peers: int = 4, max_per_peer: int = 4) -> Cluster:
-    """``peers`` peers, each with 1..max_per_peer GPUs of one random type."""
+    """``peers`` peers, each with 1, 2 or 4 (≤ max_per_peer) GPUs of one random type.
+
+    Power-of-two node sizes, as real servers have: Sia's configuration set
+    (powers of two inside a node plus whole nodes) assumes them.
+    """
     used: dict[str, GpuTypeSpec] = {}
     gpus: list[Gpu] = []
     for k in range(peers):
         t = rng.choice(TYPES)
         info = GPU_TYPES[t]
         used[t] = GpuTypeSpec(t, info.memory_bytes, info.speed)
-        for i in range(rng.randint(1, max_per_peer)):
+        for i in range(rng.choice([n for n in (1, 2, 4) if n <= max_per_peer])):
             gpus.append(Gpu(f"peer-{k:02d}", i, t))
     return Cluster(types=tuple(used[t] for t in sorted(used)), gpus=tuple(sorted(gpus)))
 
