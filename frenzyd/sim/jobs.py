@@ -40,8 +40,15 @@ class PlanSource(Protocol):
         """Parameter count, layers and hidden size of a model preset."""
         ...
 
-    def plans(self, model: str, seq_len: int, global_batch: int, pools: Sequence[GpuPool]) -> list[Plan]:
-        """Every feasible plan on ``pools`` (MARP's ``feasible_plans``), any order."""
+    def plans(
+        self,
+        model: str,
+        seq_len: int,
+        global_batch: int,
+        pools: Sequence[GpuPool],
+        max_gpus: int | None = None,
+    ) -> list[Plan]:
+        """Every feasible plan on ``pools`` with at most ``max_gpus`` GPUs (MARP's ``feasible_plans``)."""
         ...
 
 
@@ -56,12 +63,21 @@ class MarpPlanSource:
         spec = load_model(model)
         return ModelInfo(param_count(spec), spec.layers, spec.hidden)
 
-    def plans(self, model: str, seq_len: int, global_batch: int, pools: Sequence[GpuPool]) -> list[Plan]:
+    def plans(
+        self,
+        model: str,
+        seq_len: int,
+        global_batch: int,
+        pools: Sequence[GpuPool],
+        max_gpus: int | None = None,
+    ) -> list[Plan]:
         load_model, _, feasible_plans, setup_cls = _marp()
         setup = setup_cls(seq_len=seq_len, micro_batch=1, global_batch=global_batch)
         if self._headroom is None:
-            return list(feasible_plans(load_model(model), setup, pools))
-        return list(feasible_plans(load_model(model), setup, pools, headroom=self._headroom))
+            return list(feasible_plans(load_model(model), setup, pools, max_gpus=max_gpus))
+        return list(
+            feasible_plans(load_model(model), setup, pools, headroom=self._headroom, max_gpus=max_gpus)
+        )
 
 
 def _marp() -> tuple[Any, Any, Any, Any]:
@@ -124,7 +140,12 @@ def reduce_plans(plans: Sequence[Plan], speed: JobSpeed, cluster: Cluster) -> tu
 
 
 def prepare_jobs(
-    llm_jobs: Sequence[LlmJob], cluster: Cluster, source: PlanSource, *, load: float = 1.0
+    llm_jobs: Sequence[LlmJob],
+    cluster: Cluster,
+    source: PlanSource,
+    *,
+    load: float = 1.0,
+    max_gpus: int | None = None,
 ) -> tuple[list[SimJob], int]:
     """SimJobs for ``llm_jobs`` on ``cluster`` and the number dropped because no plan fits anywhere.
 
@@ -132,6 +153,7 @@ def prepare_jobs(
     scaling.  Arrivals: stretched so the offered work (V100-seconds) is
     :data:`BASE_UTILISATION` of the cluster's capacity (sum of GPU speeds)
     over the window, then divided by ``load`` (``--load`` multiplies the rate).
+    ``max_gpus`` caps the plans' GPU count (None: the whole cluster).
     """
     if load <= 0:
         raise FrenzyError("--load must be positive")
@@ -147,7 +169,7 @@ def prepare_jobs(
             if info is None:
                 info = info_cache[j.model] = source.model_info(j.model)
             speed = JobSpeed(info.params, flops_per_step(info.params, info.layers, info.hidden, *key[1:]))
-            raw = source.plans(j.model, j.seq_len, j.global_batch, pools)
+            raw = source.plans(j.model, j.seq_len, j.global_batch, pools, max_gpus)
             # A ZeRO-3 plan on one GPU is plain single-GPU training: any 1-GPU plan stands for it.
             user = frozenset(
                 (p.gpu_type, p.gpus)
