@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -150,8 +153,27 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr meanwhile: HiGHS prints solver chatter straight to fd 1."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (embedded use): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run(args: argparse.Namespace) -> int:
-    result = simulate_command(args, progress=not args.json or sys.stderr.isatty())
+    with stdout_to_stderr():
+        result = simulate_command(args, progress=not args.json or sys.stderr.isatty())
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -52,7 +52,7 @@ import random
 from frenzyd.has.interface import Decision, Gpu, JobView, Placement, RunningJob, Snapshot, pick_packed
 from frenzyd.marp.spec import Plan
 
-AGING = 0.5
+AGING = 0.25
 """Seconds of priority gained per second of waiting."""
 GAMMA = 0.678
 """Cost exponent on the GPU count while other jobs wait: doubling must buy ≥ 1.6x."""
@@ -68,7 +68,7 @@ SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
 SHRINK_PLANS = 4
 """A blocked job's cheapest plans considered for shrinking."""
-SHRINK_RATIO = 2.0
+SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
 SHRINK_MIN_RUN_S = 600.0
 """A donor must have run this long since its last (re)start: no thrashing."""
