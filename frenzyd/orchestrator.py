@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from frenzyd import wire
-from frenzyd.errors import FrenzyError, InfeasibleError, JobStateError, LaunchError, LeaseError, WireError
+from frenzyd.errors import FrenzyError, JobStateError, LaunchError, LeaseError, WireError
 from frenzyd.job_store import JobStore
 from frenzyd.jobs import (
     TERMINAL,
@@ -42,7 +42,7 @@ from frenzyd.jobs import (
     record_exits,
     transition,
 )
-from frenzyd.placement import OfferedGpu, PeerOffer, Placement, place
+from frenzyd.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
 from frenzyd.state import merge_jobs
 
 log = logging.getLogger(__name__)
@@ -478,22 +478,27 @@ class Orchestrator:
                 self._unreserve(rec.id)
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
-        for rec in self.table.queued():
-            if rec.id in self._placing:
+        queue = [QueuedJob(q.id, q.spec, q.created_at)
+                 for q in self.table.queued() if q.id not in self._placing]
+        if not queue:
+            return
+        sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.clock())
+        for job_id, reason in sched.infeasible:
+            cur = self.table.get(job_id)
+            if cur is None or cur.state != "queued":
                 continue
-            try:
-                pl = place(rec.spec, self._offers(v))
-            except InfeasibleError as exc:
-                failed = transition(rec, "failed", now=self.clock(), message=str(exc))
-                self.table.update(failed)
-                self._spawn(self._tell_submitter(failed), f"tell {rec.id}")
+            failed = transition(cur, "failed", now=self.clock(), message=reason)
+            self.table.update(failed)
+            log.info("job %s cannot run in this pool: %s", job_id, reason)
+            self._spawn(self._tell_submitter(failed), f"tell {job_id}")
+        for job_id, pl in sched.start:
+            cur = self.table.get(job_id)
+            if cur is None or cur.state != "queued" or job_id in self._placing:
                 continue
-            if pl is None:
-                continue
-            self._placing.add(rec.id)
+            self._placing.add(job_id)
             for r in pl.ranks:
-                self._reserved[r.gpu] = rec.id
-            self._spawn(self._start(rec, pl, v), f"start {rec.id}")
+                self._reserved[r.gpu] = job_id
+            self._spawn(self._start(cur, pl, v), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
         offers = []

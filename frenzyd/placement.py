@@ -1,19 +1,28 @@
-"""Where a queued job runs: MARP's feasible plans over the offered GPUs, then a concrete rank layout.
+"""Where queued jobs run: MARP's feasible plans, HAS's ``frenzy`` policy, then a concrete rank layout.
 
 Pure (values in, values out).  The coordinator hands in what peers offer (free, unleased,
-owner-protected GPUs per peer, with each peer's Python/torch versions) and gets back a
-``Placement`` (plan + rank -> peer/GPU), ``None`` when the job must wait for GPUs to free up,
-or ``InfeasibleError`` when no GPU of the matching peers could ever hold it.
+owner-protected GPUs per peer, with each peer's Python/torch versions) and the queue.
+``schedule`` builds a HAS snapshot (every job's candidate plans: MARP's feasible plans for
+``--model`` jobs, one plan per GPU type that holds ``--mem-per-rank`` for declared jobs) and
+lets the HAS ``frenzy`` policy order the queue and choose plan, type and GPUs.  A declared
+job that no single GPU type can hold right now but a mix of types can (heterogeneous data
+parallelism, as a 20 GiB rank on an A100 and another on an A6000) is then placed by the
+packing rule of ``place``.  ``place`` alone decides one job: ``None`` = wait,
+``InfeasibleError`` = it can never fit the matching peers.
 
-Layout rule (shared by both job kinds): ranks are packed onto as few peers as possible,
-fastest GPU type first; a tensor-parallel group never spans peers (DESIGN.md §3); ranks are
-numbered peer by peer so each tp group is contiguous.
+Layout rule: ranks are packed onto as few peers as possible, fastest GPU type first; a
+tensor-parallel group never spans peers (DESIGN.md §3); ranks are numbered peer by peer in
+the order of the chosen GPUs so each tp group is contiguous.
+
+Not given to HAS: running jobs.  Their ranks are user scripts that cannot be resized or
+resumed, so HAS's grow/shrink/preempt moves are not offered; their GPUs are simply not free.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzyd.errors import FrenzyError, InfeasibleError
@@ -235,3 +244,147 @@ def _number(chosen: list[tuple[PeerOffer, list[OfferedGpu]]]) -> tuple[RankAssig
 def _backend(gpus: Sequence[OfferedGpu]) -> str:
     """nccl needs real CUDA devices on every rank; any simulated GPU means gloo on CPU."""
     return "gloo" if any(g.simulated for g in gpus) else "nccl"
+
+
+# --- the HAS policy over the whole queue ------------------------------------------------------
+
+ASSUMED_SEQ_TOKENS = 2048
+"""Declared jobs say nothing about their work: their speed model assumes one 2048-token sample
+per rank per step and ``mem_per_rank / 16`` parameters (AdamW in fp32), only to rank GPU types."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A queued job as the scheduler sees it."""
+
+    job_id: str
+    spec: JobSpec
+    arrival_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One scheduling pass: jobs to start now, jobs that can never run (with the reason)."""
+
+    start: tuple[tuple[str, Placement], ...]
+    infeasible: tuple[tuple[str, str], ...]
+    policy: str
+
+
+def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[dict[str, Any]]:
+    assert spec.nproc is not None
+    assert spec.mem_per_rank is not None
+    mem: dict[str, int] = {}
+    for p in offers:
+        for g in p.gpus:
+            mem[g.type] = max(mem.get(g.type, 0), g.memory_bytes)
+    return [
+        {"gpu_type": t, "gpus": spec.nproc, "dp": spec.nproc, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 1,
+         "grad_accum": 1, "bytes_per_gpu": spec.mem_per_rank, "gpu_memory_bytes": m, "step_time_s": 0.0}
+        for t, m in sorted(mem.items()) if m >= spec.mem_per_rank
+    ]
+
+
+_PLAN_KEYS = ("gpu_type", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "grad_accum", "bytes_per_gpu",
+              "gpu_memory_bytes")
+
+
+def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
+    """``p`` with the GPUs in ``taken`` marked unavailable."""
+    gpus = tuple(g if g.uuid not in taken else replace(g, available=False) for g in p.gpus)
+    return replace(p, gpus=gpus)
+
+
+def schedule(
+    queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
+    headroom: float = DEFAULT_HEADROOM,
+) -> Schedule:
+    """Decide which queued jobs start now and where (HAS ``frenzy`` policy; see module docstring)."""
+    from frenzyd.has.frenzy import FrenzyPolicy
+    from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
+    from frenzyd.marp.spec import Plan
+    from frenzyd.sim.speed import JobSpeed
+
+    infeasible: list[tuple[str, str]] = []
+    views: list[Any] = []
+    plan_dicts: dict[str, list[dict[str, Any]]] = {}
+    for q in queue:
+        matching = [p for p in offers if versions_match(q.spec, p)]
+        try:
+            place(q.spec, offers, headroom=headroom)  # raises when it can never fit
+            model = q.spec.model is not None or q.spec.model_config is not None
+            dicts = marp_plans(q.spec, matching, headroom=headroom, only_available=False) if model else []
+        except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
+            infeasible.append((q.job_id, str(exc)))
+            continue
+        if model:
+            params = 0
+        else:
+            dicts = _declared_plans(q.spec, matching)
+            params = max(1, (q.spec.mem_per_rank or 0) // 16)
+        flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (q.spec.nproc or 1)
+        speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+        plans = []
+        for d in dicts:
+            base = Plan(**{k: d[k] for k in _PLAN_KEYS}, step_time_s=float(d["step_time_s"]))
+            if not base.step_time_s:
+                base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
+            plans.append(base)
+        plan_dicts[q.job_id] = dicts
+        views.append(JobView(job_id=q.job_id, arrival_s=q.arrival_s, requested_gpus=q.spec.nproc or 1,
+                             plans=tuple(plans), speed=speed, total_steps=1.0, remaining_steps=1.0))
+    by_key: dict[tuple[str, int], OfferedGpu] = {}
+    peer_of: dict[str, PeerOffer] = {}
+    all_gpus: list[Any] = []
+    free: list[Any] = []
+    type_mem: dict[str, int] = {}
+    for p in offers:
+        peer_of[p.node_id] = p
+        for og in p.gpus:
+            hg = Gpu(p.node_id, og.index, og.type)
+            by_key[(p.node_id, og.index)] = og
+            all_gpus.append(hg)
+            if og.available:
+                free.append(hg)
+            type_mem[og.type] = max(type_mem.get(og.type, 0), og.memory_bytes)
+    types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
+    snapshot = Snapshot(now_s=now_s, reason="arrival", cluster=Cluster(types, tuple(sorted(all_gpus))),
+                        free=tuple(sorted(free)), queued=tuple(views), running=())
+    decision = FrenzyPolicy().decide(snapshot, random.Random(0))
+    start: list[tuple[str, Placement]] = []
+    taken: set[str] = set()
+    specs = {q.job_id: q.spec for q in queue}
+    for pl in decision.placements:
+        spec = specs.get(pl.job_id)
+        chosen = [by_key.get((hg.peer, hg.index)) for hg in pl.gpus]
+        usable = all(c is not None and c.available and c.uuid not in taken for c in chosen)
+        if spec is None or not usable or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
+            continue  # HAS proposed a move the daemon does not make (see module docstring)
+        groups: dict[str, list[OfferedGpu]] = {}
+        for hg in pl.gpus:
+            groups.setdefault(hg.peer, []).append(by_key[(hg.peer, hg.index)])
+        ordered = [(peer_of[n], gs) for n, gs in groups.items()]
+        taken.update(og.uuid for _, gs in ordered for og in gs)
+        match = [x for x in plan_dicts[pl.job_id] if (x["gpu_type"], x["gpus"], x["tp"], x["pp"], x["zero"])
+                 == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero)]
+        source = "marp" if spec.model is not None or spec.model_config is not None else "declared"
+        plan_d: dict[str, Any] = {**(match[0] if match else {}), "source": source, "policy": "frenzy",
+                                  "peers": len(ordered)}
+        if source == "marp":
+            plan_d["step_time_s"] = pl.plan.step_time_s
+        else:
+            plan_d.pop("step_time_s", None)  # an assumption, not a prediction: not shown
+        backend = _backend([og for _, gs in ordered for og in gs])
+        start.append((pl.job_id, Placement(plan_d, _number(ordered), backend)))
+    # Declared jobs HAS could not place on one type: a mix of types may hold them now.
+    placed = {j for j, _ in start} | {j for j, _ in infeasible}
+    for q in queue:
+        if q.job_id in placed or q.spec.model is not None or q.spec.model_config is not None:
+            continue
+        rest = [_without(p, taken) for p in offers]
+        mixed = place(q.spec, rest, headroom=headroom)
+        if mixed is not None:
+            mixed.plan["policy"] = "packing (mixed GPU types)"
+            taken.update(r.gpu for r in mixed.ranks)
+            start.append((q.job_id, mixed))
+    return Schedule(tuple(start), tuple(infeasible), "frenzy")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from frenzyd.errors import InfeasibleError
 from frenzyd.jobs import JobSpec
-from frenzyd.placement import OfferedGpu, PeerOffer, _pack, place
+from frenzyd.placement import OfferedGpu, PeerOffer, QueuedJob, _pack, place, schedule
 
 GIB = 1 << 30
 
@@ -99,3 +99,66 @@ def test_pack_respects_groups_and_availability(avail: list[list[bool]], need: in
     for _, gs in chosen:
         assert all(g.available for g in gs)
         assert len(gs) % tp == 0
+
+
+def q(job_id: str, s: JobSpec, t: float = 0.0) -> QueuedJob:
+    return QueuedJob(job_id, s, t)
+
+
+def test_schedule_uses_has_and_prefers_the_smaller_memory_type() -> None:
+    # Within HAS's cost slack the 24 GB GPUs are taken, keeping the 48 GB A6000s for jobs only they hold.
+    offers = [peer("a", [("RTX-3090", 24, True)] * 2), peer("b", [("A10", 24, True)] * 2),
+              peer("c", [("RTX-A6000", 48, True)] * 2)]
+    sched = schedule([q("j1", spec(2, 8 * GIB))], offers, now_s=0.0)
+    assert sched.policy == "frenzy"
+    assert not sched.infeasible
+    (job, pl), = sched.start
+    assert job == "j1"
+    assert pl.plan["policy"] == "frenzy"
+    assert pl.plan["gpu_type"] == "RTX-3090"  # faster than the A10, same memory
+    assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "a", 0), (1, "a", 1)]
+
+
+def test_schedule_never_gives_a_gpu_twice_and_reports_infeasible() -> None:
+    offers = [peer("a", [("T4", 16, True)] * 2), peer("b", [("T4", 16, True)])]
+    queue = [q("j1", spec(2), 0.0), q("j2", spec(2), 1.0), q("big", spec(1, 40 * GIB), 2.0)]
+    sched = schedule(queue, offers, now_s=10.0)
+    assert [j for j, _ in sched.infeasible] == ["big"]
+    used = [r.gpu for _, pl in sched.start for r in pl.ranks]
+    assert len(used) == len(set(used))
+    assert len(sched.start) == 1  # three free GPUs: only one 2-rank job fits now
+
+
+def test_schedule_places_a_declared_job_across_gpu_types() -> None:
+    # 20 GiB ranks: one A100 and one A6000 hold them, no single type has two.
+    offers = [peer("n0", [("A100-80GB", 80, True)]), peer("n1", [("RTX-A6000", 48, True)]),
+              peer("n2", [("T4", 16, True)])]
+    sched = schedule([q("j", spec(2, 20 * GIB))], offers, now_s=0.0)
+    (_, pl), = sched.start
+    assert {r.peer for r in pl.ranks} == {"n0", "n1"}
+    assert pl.plan["policy"].startswith("packing")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["T4", "A10", "A100-80GB"]), st.integers(0, 3), st.booleans()),
+             min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(1, 4), st.sampled_from([4, 12, 20, 60])), min_size=1, max_size=5),
+)
+def test_schedule_properties(peers_spec: list[tuple[str, int, bool]], jobs: list[tuple[int, int]]) -> None:
+    mem = {"T4": 16, "A10": 24, "A100-80GB": 80}
+    offers = [peer(f"p{i}", [(t, mem[t], avail)] * n) for i, (t, n, avail) in enumerate(peers_spec)]
+    queue = [q(f"j{i}", spec(n, gib * GIB), float(i)) for i, (n, gib) in enumerate(jobs)]
+    sched = schedule(queue, offers, now_s=100.0)
+    free = {g.uuid: g for p in offers for g in p.gpus if g.available}
+    used: list[str] = []
+    for job_id, pl in sched.start:
+        s = next(x.spec for x in queue if x.job_id == job_id)
+        assert len(pl.ranks) == s.nproc
+        assert [r.rank for r in pl.ranks] == list(range(len(pl.ranks)))
+        for r in pl.ranks:
+            assert r.gpu in free
+            assert free[r.gpu].memory_bytes >= (s.mem_per_rank or 0)
+        used += [r.gpu for r in pl.ranks]
+    assert len(used) == len(set(used))
+    assert not {j for j, _ in sched.start} & {j for j, _ in sched.infeasible}
