@@ -259,6 +259,9 @@ class Daemon:
                 await self.inventory.refresh()
             except FrenzyError as exc:
                 log.warning("inventory refresh failed: %s", exc)
+                continue
+            if self.orch is not None and self.config.owner.protect_foreign_processes:
+                await self.orch.protect_owner(self._gpus())
 
     def _report(self) -> dict[str, Any]:
         assert self.orch is not None

@@ -76,7 +76,7 @@ MESSAGE_KINDS: dict[str, wire.Schema] = {
     "job.output": _S(required={"job_id": str, "chunks": list}),
     "job.results": _S(required={"job_id": str, "offset": int, "total": int, "data": bytes}),
     "job.exit": _S(required={"job_id": str, "term": int, "codes": list, "peer": str},
-                   optional={"record": dict, "vacated": bool}),
+                   optional={"record": dict, "vacated": bool, "reason": str}),
     "job.reply": _S(optional={"ok": bool, "reason": str, "master_port": int, "state": str,
                               "data": bytes, "total": int}),
 }
@@ -134,6 +134,8 @@ class _Run:
     dropped: int = 0
     out_event: asyncio.Event = field(default_factory=asyncio.Event)
     done: bool = False
+    vacated: str = ""
+    """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
 
 
 class Orchestrator:
@@ -432,8 +434,8 @@ class Orchestrator:
             if "record" in body:
                 mine = self._apply_placement(mine, body["record"])
             if mine.term == body["term"] and mine.state == "running" and body.get("vacated"):
-                rec = transition(mine, "queued", now=self.clock(),
-                                 message=f"peer {peer[:12]} stopped while running ranks")
+                why = str(body.get("reason") or "it stopped")
+                rec = transition(mine, "queued", now=self.clock(), message=f"vacated by peer {peer[:12]}: {why}")
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
@@ -787,9 +789,10 @@ class Orchestrator:
                 break
             await asyncio.sleep(0.05)
         body: dict[str, Any] = {"job_id": run.job_id, "term": run.term, "codes": codes, "peer": self.node_id,
-                                "record": run.record, "vacated": self._stopping}
+                                "record": run.record, "vacated": self._stopping or bool(run.vacated),
+                                "reason": run.vacated or ("its daemon stopped" if self._stopping else "")}
         with contextlib.suppress(FrenzyError, OSError):
-            if rank0_here and not self._stopping:
+            if rank0_here and not body["vacated"]:
                 data = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
                 for off in range(0, max(len(data), 1), CHUNK):
                     await self._send(run.submitter, "job.results", {"job_id": run.job_id, "offset": off,
@@ -809,6 +812,22 @@ class Orchestrator:
         self._runs.pop(run.job_id, None)
         log.info("job %s: rank(s) here exited %s", run.job_id, codes)
         self.wake()
+
+    async def protect_owner(self, gpus: list[dict[str, Any]]) -> list[str]:
+        """Owner protection: vacate every job whose ranks share a GPU with a process that is not
+        Frenzy's (the job is requeued elsewhere, not failed).  Returns the vacated job ids."""
+        foreign = {g["uuid"] for g in gpus if int(g.get("foreign_processes") or 0) > 0}
+        out = []
+        for lease in self.leases.leases():
+            run = self._runs.get(lease.job_id)
+            hit = sorted(foreign & set(lease.gpus))
+            if run is None or run.vacated or not hit:
+                continue
+            run.vacated = f"the owner of GPU {hit[0]} is using it"
+            log.warning("job %s: %s; stopping its ranks here so it is requeued", lease.job_id, run.vacated)
+            out.append(lease.job_id)
+            await self.launcher.cancel(lease.job_id)
+        return out
 
     async def _h_stop(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
         job_id = body["job_id"]

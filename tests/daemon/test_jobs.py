@@ -255,3 +255,19 @@ def test_a_gpu_is_never_leased_twice(ops: list[tuple[str, str, set[str], int]]) 
                 assert g not in owners, f"{g} leased to {owners[g]} and {lease.job_id}"
                 owners[g] = lease.job_id
             assert lease.term <= lt.highest_term
+
+
+@pytest.mark.parametrize("module", ["frenzyd.jobs", "frenzyd.state", "frenzyd.placement"])
+def test_orchestration_core_is_pure(module: str) -> None:
+    """jobs/state/placement are part of the pure core (DESIGN.md §2): no sockets, asyncio, torch..."""
+    import subprocess
+    import sys
+
+    forbidden = ["socket", "asyncio", "torch", "zeroconf", "aiohttp", "threading", "pynvml", "transformers"]
+    code = (
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        "from frenzyd.placement import schedule; schedule([], [], now_s=0.0); "
+        f"bad = [m for m in {forbidden!r} if m in sys.modules]; print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"

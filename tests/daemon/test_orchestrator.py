@@ -184,3 +184,25 @@ async def test_stopping_peer_vacates_and_the_job_reruns_elsewhere(pool: Pool, tm
     assert done["ranks"][0]["peer"] == ({"b", "d"} - {where}).pop()
     await eventually(lambda: a.orch.table.get(rec.id).state == "succeeded")  # type: ignore[union-attr]
     assert b is not d
+
+
+async def test_owner_process_vacates_the_job_which_reruns_elsewhere(pool: Pool, tmp_path: Path) -> None:
+    a, b, c = pool.add("a", 1), pool.add("b", 1), pool.add("c", 0)
+    pool.coordinator = "c"
+    pool.start()
+    script = "import time\nprint('training', flush=True)\ntime.sleep(2)\n"
+    rec = await c.orch.submit(request(job_dir(tmp_path, script), nproc=1))
+    first = await wait_state(c, rec.id, {"running"})
+    where = pool.nodes[first["ranks"][0]["peer"]]
+    async with asyncio.timeout(60):
+        async for ev in c.orch.store.follow(rec.id):
+            if ev["type"] == "output" and "training" in ev["data"]:
+                break
+    where.gpus[0]["foreign_processes"] = 1  # the workstation's owner starts something on that GPU
+    where.gpus[0]["offered"] = False
+    assert await where.orch.protect_owner(where.gpus) == [rec.id]
+    done = await wait_state(c, rec.id, {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done
+    assert done["attempts"] == 2
+    assert done["ranks"][0]["peer"] != where.nid
+    assert a is not b
