@@ -435,7 +435,8 @@ class Orchestrator:
                 mine = self._apply_placement(mine, body["record"])
             if mine.term == body["term"] and mine.state == "running" and body.get("vacated"):
                 why = str(body.get("reason") or "it stopped")
-                rec = transition(mine, "queued", now=self.clock(), message=f"vacated by peer {peer[:12]}: {why}")
+                rec = transition(mine, "queued", now=self.clock(),
+                                 message=f"vacated by peer {peer[:12]}: {why}")
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
