@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import secrets
@@ -707,7 +708,8 @@ class Orchestrator:
                     job_id=job_id, rank=r.rank, local_rank=r.local_rank, world_size=rec.world_size,
                     local_world_size=local_world, master_addr=body["master_addr"], master_port=port,
                     gpu_indices=gpu_indices, argv=list(rec.spec.argv), workdir=work, output_dir=outdir,
-                    env={"FRENZY_JOB_ID": job_id}, backend=body["backend"], socket_ifname=self.socket_ifname,
+                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(rec.plan or {})},
+                    backend=body["backend"], socket_ifname=self.socket_ifname,
                 )
                 handles.append((r.rank, await self.launcher.launch(spec, self._on_output(run))))
         except (FrenzyError, OSError) as exc:

@@ -169,15 +169,18 @@ def marp_plans(
     spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
 ) -> list[dict[str, Any]]:
     """MARP's feasible plans (DESIGN.md §6 plan dicts, best first) over the offered GPU types."""
-    try:
-        from frenzyd.marp.model import load_model  # type: ignore[import-not-found,unused-ignore]
-        from frenzyd.marp.plans import feasible_plans  # type: ignore[import-not-found,unused-ignore]
-        from frenzyd.marp.spec import GpuPool, TrainingSetup
-    except ImportError as exc:  # pragma: no cover - only before MARP is merged
-        raise FrenzyError(
-            f"MARP is not available in this build ({exc}); submit with --nproc and --mem-per-rank"
-        ) from None
-    model = load_model(spec.model_config if spec.model_config is not None else spec.model)
+    from frenzyd.errors import ModelConfigError
+    from frenzyd.marp.model import list_presets, load_model, spec_from_config
+    from frenzyd.marp.plans import feasible_plans
+    from frenzyd.marp.spec import GpuPool, TrainingSetup
+
+    if spec.model_config is not None:
+        model = spec_from_config(spec.model_config, name=spec.name or "model")
+    elif spec.model in list_presets():
+        model = load_model(str(spec.model))
+    else:  # never read a path a peer names: a submitter sends the config itself
+        raise ModelConfigError(f"unknown model preset {spec.model!r}: use one of {', '.join(list_presets())} "
+                               "or pass the path of a config.json to --model")
     assert spec.seq_len is not None
     setup = TrainingSetup(
         seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
@@ -239,6 +242,10 @@ def _number(chosen: list[tuple[PeerOffer, list[OfferedGpu]]]) -> tuple[RankAssig
         for local, g in enumerate(gpus):
             ranks.append(RankAssignment(len(ranks), peer.node_id, peer.name, g.uuid, g.index, local))
     return tuple(ranks)
+
+
+def _is_model(spec: JobSpec) -> bool:
+    return spec.model is not None or spec.model_config is not None
 
 
 def _backend(gpus: Sequence[OfferedGpu]) -> str:
@@ -357,7 +364,9 @@ def schedule(
     for pl in decision.placements:
         spec = specs.get(pl.job_id)
         chosen = [by_key.get((hg.peer, hg.index)) for hg in pl.gpus]
-        usable = all(c is not None and c.available and c.uuid not in taken for c in chosen)
+        need = int(pl.plan.bytes_per_gpu * (1 + headroom)) if spec is not None and _is_model(spec) else 0
+        usable = all(c is not None and c.available and c.uuid not in taken and c.free_bytes >= need
+                     for c in chosen)
         if spec is None or not usable or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
             continue  # HAS proposed a move the daemon does not make (see module docstring)
         groups: dict[str, list[OfferedGpu]] = {}

@@ -162,3 +162,22 @@ def test_schedule_properties(peers_spec: list[tuple[str, int, bool]], jobs: list
         used += [r.gpu for r in pl.ranks]
     assert len(used) == len(set(used))
     assert not {j for j, _ in sched.start} & {j for j, _ in sched.infeasible}
+
+
+def test_schedule_model_job_uses_marp_plans() -> None:
+    s = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                torch_version="2.13.0", model="tiny-gpt2", seq_len=128, micro_batch=1, global_batch=4,
+                dtype="fp32")
+    offers = [peer("a", [("T4", 16, True)] * 2), peer("b", [("A100-80GB", 80, True)])]
+    sched = schedule([q("m", s)], offers, now_s=0.0)
+    (_, pl), = sched.start
+    assert pl.plan["source"] == "marp"
+    assert pl.plan["policy"] == "frenzy"
+    assert 0 < pl.plan["bytes_per_gpu"] < 16 * GIB
+    assert pl.plan["step_time_s"] > 0
+    assert len(pl.ranks) == pl.plan["gpus"] == pl.plan["dp"] * pl.plan["tp"] * pl.plan["pp"]
+    bad = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                  torch_version="2.13.0", model="/etc/passwd", seq_len=128)
+    sched = schedule([q("x", bad)], offers, now_s=0.0)
+    assert sched.infeasible
+    assert "unknown model preset" in sched.infeasible[0][1]
