@@ -25,7 +25,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,6 +56,8 @@ OUTPUT_BATCH_BYTES = 64 * 1024
 OUTPUT_BUFFER_CAP = 8 << 20
 """Unsent output kept per job while the submitter is unreachable; older chunks are dropped."""
 KEEP_FINISHED = 200
+STORE_LINGER_S = 120.0
+"""Longest a job's rendezvous store outlives the ranks of its host when no job.finished comes."""
 RESUBMIT_S = 5.0
 """A submitter re-sends its unfinished jobs this often even when acknowledged (idempotent), so a
 coordinator that lost its soft table (restart, new term) gets them back."""
@@ -78,6 +80,7 @@ MESSAGE_KINDS: dict[str, wire.Schema] = {
     "job.results": _S(required={"job_id": str, "offset": int, "total": int, "data": bytes}),
     "job.exit": _S(required={"job_id": str, "term": int, "codes": list, "peer": str},
                    optional={"record": dict, "vacated": bool, "reason": str}),
+    "job.finished": _S(required={"job_id": str}),
     "job.reply": _S(optional={"ok": bool, "reason": str, "master_port": int, "state": str,
                               "data": bytes, "total": int}),
 }
@@ -137,6 +140,7 @@ class _Run:
     done: bool = False
     vacated: str = ""
     """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
+    hosts_store: bool = False
 
 
 class Orchestrator:
@@ -187,6 +191,8 @@ class Orchestrator:
         self._results_buf: dict[str, bytearray] = {}
         self._stopping = False
         self._resend_at: dict[str, float] = {}
+        self._store_done: dict[str, asyncio.Event] = {}
+        self._cancelling: set[str] = set()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -220,7 +226,9 @@ class Orchestrator:
         for job_id in list(self._runs):
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(job_id)
-        watchers = [t for t in self._tasks if t.get_name().startswith(("watch ", "output "))]
+        for ev in self._store_done.values():
+            ev.set()
+        watchers = [t for t in self._tasks if t.get_name().startswith(("watch ", "output ", "store "))]
         if watchers:
             await asyncio.wait(watchers, timeout=grace_s)
         for t in list(self._tasks):
@@ -331,9 +339,16 @@ class Orchestrator:
             if v.coordinator is None:
                 raise JobStateError("no coordinator right now: the cancel cannot reach the ranks; "
                                     "retry shortly")
-            await self._send(v.coordinator, "job.cancel", {"job_id": job_id}, SEND_TIMEOUT_S)
-        rec = transition(self.store.get(job_id), "cancelled", now=self.clock(), message="cancelled by user")
-        self.store.save(rec)
+            self._cancelling.add(job_id)  # exits of the killed ranks now mean "cancelled"
+            try:
+                await self._send(v.coordinator, "job.cancel", {"job_id": job_id}, SEND_TIMEOUT_S)
+            except FrenzyError:
+                self._cancelling.discard(job_id)
+                raise
+        rec = self.store.get(job_id)
+        if not rec.terminal:
+            rec = transition(rec, "cancelled", now=self.clock(), message="cancelled by user")
+            self.store.save(rec)
         return rec
 
     async def _submitter_tick(self, v: ClusterView) -> None:
@@ -443,10 +458,13 @@ class Orchestrator:
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
             elif mine.term == body["term"]:
                 rec = record_exits(mine, codes, now=self.clock())
+                if rec.state == "failed" and rec.id in self._cancelling:
+                    rec = replace(rec, state="cancelled", message="cancelled by user")
                 if rec != mine:
                     self.store.save(rec)
                 if rec.terminal:
                     log.info("job %s %s: %s", rec.id, rec.state, rec.message)
+                    self._spawn(self._announce_finished(rec), f"finished {rec.id}")
         known = self.table.get(job_id)
         current = known is not None and known.state == "running" and known.term == body["term"]
         if known is not None and current and body.get("vacated"):
@@ -698,7 +716,8 @@ class Orchestrator:
             port = int(body["master_port"])
             if body["start_store"]:
                 port = await self.launcher.start_store(job_id, body["master_addr"])
-            run = _Run(job_id, term, rec.submitter, body["record"], mine, port)
+            run = _Run(job_id, term, rec.submitter, body["record"], mine, port,
+                       hosts_store=body["start_store"])
             self._runs[job_id] = run
             handles = []
             local_world = len(mine)
@@ -785,8 +804,14 @@ class Orchestrator:
         codes = [[rank, int(await h.wait())] for rank, h in handles]
         run.done = True
         run.out_event.set()
-        with contextlib.suppress(Exception):
-            await self.launcher.cancel(run.job_id)  # closes the rendezvous store, reaps stragglers
+        if run.hosts_store and not (self._stopping or run.vacated):
+            # Ranks elsewhere may still be tearing down their process group through the store:
+            # it closes when the submitter says the job is over (job.finished), or after a while.
+            done = self._store_done.setdefault(run.job_id, asyncio.Event())
+            self._spawn(self._close_store_later(run.job_id, done), f"store {run.job_id}")
+        else:
+            with contextlib.suppress(Exception):
+                await self.launcher.cancel(run.job_id)  # closes the rendezvous store, reaps stragglers
         for _ in range(100):
             if not run.out:
                 break
@@ -815,6 +840,26 @@ class Orchestrator:
         self._runs.pop(run.job_id, None)
         log.info("job %s: rank(s) here exited %s", run.job_id, codes)
         self.wake()
+
+    async def _close_store_later(self, job_id: str, done: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STORE_LINGER_S):
+                await done.wait()
+        self._store_done.pop(job_id, None)
+        await self.launcher.cancel(job_id)
+        self.launcher.forget(job_id)
+
+    async def _h_finished(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The submitter says a job is over: close its rendezvous store here."""
+        ev = self._store_done.get(body["job_id"])
+        if ev is not None:
+            ev.set()
+        return {"ok": True}
+
+    async def _announce_finished(self, rec: JobRecord) -> None:
+        for peer in rec.peers():
+            with contextlib.suppress(FrenzyError):
+                await self._send(peer, "job.finished", {"job_id": rec.id}, SEND_TIMEOUT_S)
 
     async def protect_owner(self, gpus: list[dict[str, Any]]) -> list[str]:
         """Owner protection: vacate every job whose ranks share a GPU with a process that is not
@@ -858,6 +903,7 @@ class Orchestrator:
             "lease.request": self._h_lease, "lease.release": self._h_release,
             "job.launch": self._h_launch, "job.stop": self._h_stop, "payload.fetch": self._h_payload,
             "job.output": self._h_output, "job.results": self._h_results, "job.exit": self._h_exit,
+            "job.finished": self._h_finished,
         }
         return {k: self._safe(k, h) for k, h in table.items()}
 
