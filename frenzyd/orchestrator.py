@@ -58,6 +58,8 @@ OUTPUT_BUFFER_CAP = 8 << 20
 KEEP_FINISHED = 200
 STORE_LINGER_S = 120.0
 """Longest a job's rendezvous store outlives the ranks of its host when no job.finished comes."""
+MAX_REPORTED_JOBS = 100
+"""Unfinished jobs a node lists in its heartbeat report (the heartbeat reply is capped at 1 MiB)."""
 RESUBMIT_S = 5.0
 """A submitter re-sends its unfinished jobs this often even when acknowledged (idempotent), so a
 coordinator that lost its soft table (restart, new term) gets them back."""
@@ -282,7 +284,7 @@ class Orchestrator:
         leased = self.leases.leased_gpus()
         gpus = [{**g, "leased_to": leased.get(g["uuid"])} for g in self._gpus()]
         mine = self.store.all()
-        live = [r for r in mine if not r.terminal]
+        live = [r for r in mine if not r.terminal][-MAX_REPORTED_JOBS:]
         done = [r for r in mine if r.terminal][-20:]
         return {
             "python": self.versions.python,
@@ -444,11 +446,14 @@ class Orchestrator:
 
     async def _h_exit(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
         job_id = body["job_id"]
-        codes = {int(c[0]): int(c[1]) for c in body["codes"] if isinstance(c, list) and len(c) == 2}
+        raw = {c[0]: c[1] for c in body["codes"]
+               if isinstance(c, list) and len(c) == 2 and all(isinstance(x, int) for x in c)}
         mine = self.store.find(job_id)
         if mine is not None and not mine.terminal:
             if "record" in body:
                 mine = self._apply_placement(mine, body["record"])
+            # A peer reports only the ranks it was given.
+            codes = _own_codes(raw, mine, peer)
             if mine.term == body["term"] and mine.state == "running" and body.get("vacated"):
                 why = str(body.get("reason") or "it stopped")
                 rec = transition(mine, "queued", now=self.clock(),
@@ -475,7 +480,7 @@ class Orchestrator:
             await self._stop_everywhere(known, self._view().term, only=others)
             self.wake()
         elif known is not None and current:
-            done = record_exits(known, codes, now=self.clock())
+            done = record_exits(known, _own_codes(raw, known, peer), now=self.clock())
             self.table.update(done)
             if done.terminal:
                 self._unreserve(job_id)
@@ -917,6 +922,12 @@ class Orchestrator:
             except FrenzyError as exc:
                 return {"ok": False, "reason": str(exc)}
         return handler
+
+
+def _own_codes(raw: Mapping[int, int], rec: JobRecord, peer: str) -> dict[int, int]:
+    """The exit codes of the ranks ``rec`` gave to ``peer`` (a peer reports only its own ranks)."""
+    mine = {a.rank for a in rec.ranks if a.peer == peer}
+    return {r: c for r, c in raw.items() if r in mine}
 
 
 def _slug(name: str) -> str:
