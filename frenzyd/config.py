@@ -99,7 +99,8 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "launcher",
         "rendezvous_ports",
         "[29400, 29499]",
-        "inclusive port range for per-job rendezvous stores and torch.distributed (open it between peers)",
+        "inclusive TCP port range for the per-job rendezvous store (MASTER_PORT); open it between peers. "
+        "gloo/NCCL rank-to-rank links use ephemeral ports on the pool interface",
     ),
     ("launcher", "term_grace_s", "10.0", "cancel: SIGTERM the rank process group, SIGKILL after this"),
     (
