@@ -188,12 +188,14 @@ class Launcher:
         if job_id in self._stores:
             raise LaunchError(f"job {job_id}: rendezvous store already running")
         lo, hi = self.rendezvous_ports
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
-            "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
-        )
+        log_path = self.dir / f"{job_id}.store.log"
+        with log_path.open("wb") as errlog:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
+                "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+                start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
+            )
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), start_limit_s)
@@ -204,9 +206,10 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+            detail = text or _tail(log_path) or f"no answer within {start_limit_s:.0f}s"
             raise LaunchError(
-                f"job {job_id}: rendezvous store did not start on {bind_addr}: {text or 'no answer'}; "
-                "check that the address belongs to this host and [launcher] rendezvous_ports has a free port"
+                f"job {job_id}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
+                "address belongs to this host and [launcher] rendezvous_ports has a free port"
             )
         self._stores[job_id] = proc
         self._write_pid(f"{job_id}.store", proc.pid)
@@ -226,6 +229,7 @@ class Launcher:
                 proc.kill()
             await proc.wait()
         (self.pid_dir / f"{job_id}.store.pid").unlink(missing_ok=True)
+        (self.dir / f"{job_id}.store.log").unlink(missing_ok=True)
 
     # ---- ranks -------------------------------------------------------------------------------
     async def launch(self, spec: RankSpec, on_output: OutputCallback | None = None) -> RankHandle:
@@ -322,6 +326,15 @@ def _pythonpath() -> str:
     root = str(Path(__file__).resolve().parent.parent)
     old = os.environ.get("PYTHONPATH")
     return root if not old else f"{root}{os.pathsep}{old}"
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    """The last line(s) of a small log file, for error messages."""
+    try:
+        text = path.read_bytes()[-limit:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return " | ".join(text.splitlines()[-3:])
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -198,12 +198,16 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             )
             print(f"failover took {time.monotonic() - t_kill:.1f}s; new coordinator {new_coord[:12]}")
             assert new_coord in (ids["n1"], ids["n2"])
-            wait_until(lambda: _job_state(n2, job_c) == "succeeded", 600, "queued job C to complete")
+            wait_until(lambda: _job_state(n2, job_c) == "succeeded", 300, "queued job C to complete")
             log = n2.client("logs", job_c)
             assert "done: loss" in log
         except BaseException:
             for d in [*daemons, intruder]:
                 print(f"===== {d.conf.name} log tail =====\n{d.log_tail(80)}")
+                st = d.status()
+                jobs = [{k: j.get(k) for k in ("id", "state", "updated_at", "message")}
+                        for j in (st or {}).get("jobs", [])]
+                print(f"===== {d.conf.name} status jobs: {json.dumps(jobs)}")
             raise
         finally:
             for d in [*daemons, intruder]:
