@@ -51,9 +51,25 @@ def _decoder_layers(model: Any) -> list[Any]:
     return list(layers)
 
 
-def make_wrap(setup: TrainingSetup) -> Any:
-    """``wrap(model) -> (train_model, optimizer)`` applying the setup's data-parallel form."""
+def make_wrap(setup: TrainingSetup, *, ddp: bool = True, fake: bool = False) -> Any:
+    """``wrap(model) -> (train_model, optimizer)`` applying the setup's data-parallel form.
+
+    Call it with the process group initialised and outside ``FakeTensorMode``
+    (the FSDP device mesh is built here, from real rank ids).  ``ddp=False``
+    leaves out the DDP wrapper for ZeRO-0/1 (an experiment only).  ``fake=True``
+    adapts DDP to fake tensors without changing what it allocates: the two
+    start-up checks that read parameter data are skipped, and the gradient
+    all-reduce is the default hook's in-place ``div_`` + ``all_reduce`` on the
+    bucket returned as a completed future (the fake process group's own
+    future carries no tensor).
+    """
     from frenzyd.marp.trace import _build_optimizer
+
+    mesh = None
+    if setup.zero >= 2:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (setup.dp,))
 
     def wrap(model: Any) -> tuple[Any, Any]:
         if setup.zero >= 2:
@@ -61,15 +77,60 @@ def make_wrap(setup: TrainingSetup) -> Any:
 
             reshard = setup.zero == 3
             for layer in _decoder_layers(model):
-                fully_shard(layer, reshard_after_forward=reshard)
-            fully_shard(model, reshard_after_forward=reshard)
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
             return model, _build_optimizer(model.parameters(), setup)
+        if not ddp:
+            return model, _build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, gradient_as_bucket_view=True)
-        return ddp, _build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
+        wrapped = _fake_ddp(model) if fake else DDP(model, gradient_as_bucket_view=True)
+        return wrapped, _build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
 
     return wrap
+
+
+def _fake_ddp(model: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_mod
+
+    def allreduce_hook(_state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        buf = bucket.buffer()
+        buf.div_(dist.get_world_size())
+        dist.all_reduce(buf)
+        fut: Any = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    saved = (ddp_mod._verify_param_shape_across_processes, ddp_mod._sync_module_states)
+    ddp_mod._verify_param_shape_across_processes = lambda *a, **k: None
+    ddp_mod._sync_module_states = lambda *a, **k: None
+    try:
+        wrapped = ddp_mod.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    finally:
+        ddp_mod._verify_param_shape_across_processes, ddp_mod._sync_module_states = saved
+    wrapped.register_comm_hook(None, allreduce_hook)
+    wrapped.reducer = _NoRebuildReducer(wrapped.reducer)
+    return wrapped
+
+
+class _NoRebuildReducer:
+    """DDP's C++ reducer without the one-time bucket rebuild (it broadcasts bucket indices by value).
+
+    The rebuilt buckets hold the same gradients, so the bytes are the same; the
+    real run frees the first buckets and allocates the rebuilt ones at the start
+    of the second iteration's forward, far from the step's peak.
+    """
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_reducer"), name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
 
 
 def _free_port() -> int:
@@ -103,13 +164,16 @@ def measure_distributed(
 # --------------------------------------------------------------------------- real: gloo subprocesses
 
 
-def _run_real(name: str, hf: dict[str, Any], setup: TrainingSetup, *, threads: int, seed: int) -> Measurement:
+def _run_real(
+    name: str, hf: dict[str, Any], setup: TrainingSetup, *, threads: int, seed: int, ddp: bool = True
+) -> Measurement:
     world = setup.dp
     port = _free_port()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="frenzy-marp-") as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"hf": hf, "setup": asdict(setup), "seed": seed, "threads": threads}))
+        payload = {"hf": hf, "setup": asdict(setup), "seed": seed, "threads": threads, "ddp": ddp}
+        job.write_text(json.dumps(payload))
         procs = []
         for rank in range(world):
             env = dict(os.environ)
@@ -180,7 +244,8 @@ def _worker(job_path: str, out_path: str) -> int:
     dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
     try:
         cfg = build_hf_config(job["hf"])
-        res = run_reference_step(cfg, setup, mode="real", wrap=make_wrap(setup), seed=int(job["seed"]) + rank)
+        wrap = make_wrap(setup, ddp=bool(job.get("ddp", True)))
+        res = run_reference_step(cfg, setup, mode="real", wrap=wrap, seed=int(job["seed"]) + rank)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -210,7 +275,8 @@ def _run_fake(name: str, model: ModelLike, setup: TrainingSetup, *, seed: int) -
         dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
         try:
             with _torch_errors(f"trace of {name} (dp={world}, zero={setup.zero}, rank {rank})"):
-                results.append(run_reference_step(cfg, setup, mode="fake", wrap=make_wrap(setup), seed=seed))
+                wrap = make_wrap(setup, fake=True)
+                results.append(run_reference_step(cfg, setup, mode="fake", wrap=wrap, seed=seed))
         finally:
             dist.destroy_process_group()
     notes = () if setup.zero == 1 else ("rank 0 traced; ranks allocate alike",)
