@@ -93,7 +93,9 @@ def make_wrap(setup: TrainingSetup, *, ddp: bool = True, fake: bool = False) -> 
 def _fake_ddp(model: Any) -> Any:
     import torch
     import torch.distributed as dist
-    import torch.nn.parallel.distributed as ddp_mod
+    import torch.nn.parallel.distributed
+
+    ddp_mod: Any = torch.nn.parallel.distributed
 
     def allreduce_hook(_state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
         buf = bucket.buffer()
@@ -107,7 +109,7 @@ def _fake_ddp(model: Any) -> Any:
     ddp_mod._verify_param_shape_across_processes = lambda *a, **k: None
     ddp_mod._sync_module_states = lambda *a, **k: None
     try:
-        wrapped = ddp_mod.DistributedDataParallel(model, gradient_as_bucket_view=True)
+        wrapped: Any = ddp_mod.DistributedDataParallel(model, gradient_as_bucket_view=True)
     finally:
         ddp_mod._verify_param_shape_across_processes, ddp_mod._sync_module_states = saved
     wrapped.register_comm_hook(None, allreduce_hook)
