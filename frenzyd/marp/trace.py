@@ -145,8 +145,9 @@ def build_hf_config(model: ModelLike) -> Any:
         d.pop(k, None)
     try:
         return AutoConfig.for_model(model_type, **d)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ModelConfigError(f"cannot build a {model_type!r} config from the given fields: {e}") from e
+    except Exception as e:  # transformers/huggingface_hub raise many types; all mean a bad config
+        detail = " ".join(str(e).split())
+        raise ModelConfigError(f"cannot build a {model_type!r} config from the given fields: {detail}") from e
 
 
 def _validate(setup: TrainingSetup) -> None:
