@@ -15,15 +15,28 @@ from frenzyd.marp.trace import Measurement, measure_real, predict_trace, trace_m
 TRACE_TARGET = 0.995
 
 LLAMA_GQA: dict[str, Any] = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-    "max_position_embeddings": 256, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
 }
 LLAMA_MQA_TIED: dict[str, Any] = {**LLAMA_GQA, "num_key_value_heads": 1, "tie_word_embeddings": True}
 QWEN2: dict[str, Any] = {**LLAMA_GQA, "model_type": "qwen2"}
 GPT2: dict[str, Any] = {
-    "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 256,
-    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+    "model_type": "gpt2",
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "vocab_size": 512,
+    "n_positions": 256,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
 }
 GPT2_DROPOUT: dict[str, Any] = {**GPT2, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
 
@@ -34,12 +47,27 @@ def _accuracy(pred: int, real: int) -> float:
 
 CASES = [
     ("llama-gqa-fp32", LLAMA_GQA, TrainingSetup(seq_len=128, micro_batch=2, dtype="fp32")),
-    ("llama-gqa-bf16-full", LLAMA_GQA, TrainingSetup(seq_len=96, micro_batch=2, dtype="bf16", recompute="full")),
-    ("llama-mqa-tied-sgd", LLAMA_MQA_TIED, TrainingSetup(seq_len=64, micro_batch=2, dtype="bf16", optimizer="sgd")),
-    ("qwen2-mixed-accum", QWEN2, TrainingSetup(seq_len=64, micro_batch=1, dtype="bf16-mixed", global_batch=3)),
+    (
+        "llama-gqa-bf16-full",
+        LLAMA_GQA,
+        TrainingSetup(seq_len=96, micro_batch=2, dtype="bf16", recompute="full"),
+    ),
+    (
+        "llama-mqa-tied-sgd",
+        LLAMA_MQA_TIED,
+        TrainingSetup(seq_len=64, micro_batch=2, dtype="bf16", optimizer="sgd"),
+    ),
+    (
+        "qwen2-mixed-accum",
+        QWEN2,
+        TrainingSetup(seq_len=64, micro_batch=1, dtype="bf16-mixed", global_batch=3),
+    ),
     ("gpt2-fp32-accum", GPT2, TrainingSetup(seq_len=128, micro_batch=2, dtype="fp32", global_batch=4)),
-    ("gpt2-dropout-mixed-full", GPT2_DROPOUT,
-     TrainingSetup(seq_len=64, micro_batch=2, dtype="bf16-mixed", recompute="full")),
+    (
+        "gpt2-dropout-mixed-full",
+        GPT2_DROPOUT,
+        TrainingSetup(seq_len=64, micro_batch=2, dtype="bf16-mixed", recompute="full"),
+    ),
 ]
 
 
@@ -49,7 +77,11 @@ def test_fake_trace_matches_real_run(name: str, cfg: dict[str, Any], setup: Trai
     fake = trace_measurement(cfg, setup)
     assert real.method == "real"
     assert fake.method == "trace"
-    assert _accuracy(fake.peak_bytes, real.peak_bytes) >= TRACE_TARGET, (name, fake.peak_bytes, real.peak_bytes)
+    assert _accuracy(fake.peak_bytes, real.peak_bytes) >= TRACE_TARGET, (
+        name,
+        fake.peak_bytes,
+        real.peak_bytes,
+    )
     for phase in PHASES:
         assert _accuracy(fake.phases[phase], real.phases[phase]) >= TRACE_TARGET, (name, phase)
     assert fake.params == real.params
@@ -75,9 +107,24 @@ def test_more_tokens_need_more_memory() -> None:
 
 def test_predict_trace_accepts_a_model_spec() -> None:
     spec = ModelSpec(
-        name="tiny-llama", family="llama", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=176,
-        vocab=512, max_positions=256, tied_embeddings=False, gated_mlp=True, qkv_bias=False, mlp_bias=False,
-        o_bias=False, norm="rmsnorm", learned_positions=False, hf_config=dict(LLAMA_GQA),
+        name="tiny-llama",
+        family="llama",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        ffn=176,
+        vocab=512,
+        max_positions=256,
+        tied_embeddings=False,
+        gated_mlp=True,
+        qkv_bias=False,
+        mlp_bias=False,
+        o_bias=False,
+        norm="rmsnorm",
+        learned_positions=False,
+        hf_config=dict(LLAMA_GQA),
     )
     p = predict_trace(spec, TrainingSetup(seq_len=64, micro_batch=1, dtype="bf16"))
     assert p.method == "trace"
@@ -116,29 +163,56 @@ def test_importing_trace_imports_no_torch() -> None:
 @pytest.mark.parametrize(
     ("cfg", "setup", "exc", "words"),
     [
-        ({**LLAMA_GQA, "model_type": "no-such-family"}, TrainingSetup(seq_len=8, micro_batch=1),
-         ModelConfigError, "no-such-family"),
-        ({k: v for k, v in LLAMA_GQA.items() if k != "model_type"}, TrainingSetup(seq_len=8, micro_batch=1),
-         ModelConfigError, "model_type"),
+        (
+            {**LLAMA_GQA, "model_type": "no-such-family"},
+            TrainingSetup(seq_len=8, micro_batch=1),
+            ModelConfigError,
+            "no-such-family",
+        ),
+        (
+            {k: v for k, v in LLAMA_GQA.items() if k != "model_type"},
+            TrainingSetup(seq_len=8, micro_batch=1),
+            ModelConfigError,
+            "model_type",
+        ),
         (LLAMA_GQA, TrainingSetup(seq_len=8, micro_batch=1, tp=2), PlanError, "tp=1"),
         (LLAMA_GQA, TrainingSetup(seq_len=8, micro_batch=2, global_batch=3), ConfigError, "multiple"),
         (LLAMA_GQA, TrainingSetup(seq_len=8, micro_batch=1, zero=2), ConfigError, "dp >= 2"),
-        ({**LLAMA_GQA, "hidden_size": 66}, TrainingSetup(seq_len=8, micro_batch=1), ModelConfigError,
-         "not a multiple of the number of attention heads"),
+        (
+            {**LLAMA_GQA, "hidden_size": 66},
+            TrainingSetup(seq_len=8, micro_batch=1),
+            ModelConfigError,
+            "not a multiple of the number of attention heads",
+        ),
     ],
     ids=["unknown-family", "no-model-type", "tp", "global-batch", "zero-without-dp", "heads-not-dividing"],
 )
-def test_errors_are_frenzy_errors(cfg: dict[str, Any], setup: TrainingSetup, exc: type[Exception],
-                                  words: str) -> None:
+def test_errors_are_frenzy_errors(
+    cfg: dict[str, Any], setup: TrainingSetup, exc: type[Exception], words: str
+) -> None:
     with pytest.raises(exc, match=words):
         trace_measurement(cfg, setup)
 
 
 def test_empty_model_spec_config_says_what_to_do() -> None:
     spec = ModelSpec(
-        name="x", family="llama", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=176, vocab=512,
-        max_positions=256, tied_embeddings=False, gated_mlp=True, qkv_bias=False, mlp_bias=False, o_bias=False,
-        norm="rmsnorm", learned_positions=False,
+        name="x",
+        family="llama",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        ffn=176,
+        vocab=512,
+        max_positions=256,
+        tied_embeddings=False,
+        gated_mlp=True,
+        qkv_bias=False,
+        mlp_bias=False,
+        o_bias=False,
+        norm="rmsnorm",
+        learned_positions=False,
     )
     with pytest.raises(ModelConfigError, match="load_model"):
         measure_real(spec, TrainingSetup(seq_len=8, micro_batch=1))
