@@ -588,9 +588,15 @@ def main(argv: list[str] | None = None) -> int:
             [(r["analytic"].peak_bytes, r["truth"]) for r in held if r["truth_method"] == "real"]
         ),
         "trace_vs_real": trace_summary,
-        "megatron_whole_peak": summary([(r["baselines"]["megatron"], r["truth"]) for r in ok]),
-        "analytic_whole_peak_same_rows": summary(
-            [(r["analytic"].peak_bytes, r["truth"]) for r in ok if r.get("analytic")]
+        "megatron_whole_peak": summary(
+            [(r["baselines"]["megatron"], r["truth"]) for r in ok if r["baselines"]["megatron"] is not None]
+        ),
+        "analytic_whole_peak_on_megatron_rows": summary(
+            [
+                (r["analytic"].peak_bytes, r["truth"])
+                for r in ok
+                if r.get("analytic") and r["baselines"]["megatron"] is not None
+            ]
         ),
         "deepspeed_model_state": summary(
             [
