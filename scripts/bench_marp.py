@@ -391,10 +391,18 @@ def speed(analytic: Any) -> dict[str, Any]:
         return {"note": "frenzyd.marp.analytic not available"}
     out: dict[str, Any] = {}
     spec = load_model("llama-2-7b")
-    setup = TrainingSetup(seq_len=4096, micro_batch=1, dtype="bf16-mixed", dp=8, zero=3, recompute="full")
-    analytic.predict(spec, setup)
+    # Distinct setups per call, so nothing a predictor might memoise is timed.
+    setups = [
+        TrainingSetup(seq_len=s, micro_batch=b, dtype=d, dp=8, zero=z, recompute=rc)  # type: ignore[arg-type]
+        for s in (1024, 2048, 4096)
+        for b in (1, 2, 4, 8)
+        for d in ("fp32", "bf16", "bf16-mixed")
+        for z in (0, 1, 2, 3)
+        for rc in ("none", "full")
+    ]
+    analytic.predict(spec, setups[0])
     times = []
-    for _ in range(500):
+    for setup in setups:
         t0 = time.perf_counter()
         analytic.predict(spec, setup)
         times.append(time.perf_counter() - t0)
@@ -473,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=ROOT / "bench-results" / "marp-cache.json")
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for real runs")
+    ap.add_argument("--cached-only", action="store_true", help="skip configurations not in the cache yet")
     args = ap.parse_args(argv)
 
     import torch
@@ -489,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in grid:
         spec = model_spec(cfg.model)
         row: dict[str, Any] = {"cfg": cfg, "spec": spec, "setup": cfg.setup, "truth_method": cfg.truth}
+        if args.cached_only and (
+            cache.get(cfg, "trace") is None or (cfg.truth == "real" and cache.get(cfg, "real") is None)
+        ):
+            continue
         try:
             if cfg.truth == "real":
                 real = measure(cache, cfg, "real")
@@ -540,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 5. Print the table.
     hdr = (
-        f"{'configuration':62s} {'split':8s} {'truth':5s} {'measured MiB':>12s} {'analytic MiB':>12s} "
+        f"{'configuration':62s} {'params':>7s} {'split':8s} {'truth':5s} {'measured MiB':>12s} {'analytic MiB':>12s} "
         f"{'acc':>8s} {'u/o':>5s} {'trace acc':>9s} {'megatron':>8s} {'state MiB':>10s} {'DS acc':>8s} "
         f"{'acc.acc':>8s} {'an.state':>8s}"
     )
@@ -570,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         s = r["scores"]
         uo = "-" if pa is None else ("under" if pa < m else "over")
         print(
-            f"{cfg.key:62s} {r['split']:8s} {r['truth_method']:5s} {_mib(m):>12s} {_mib(pa):>12s} "
+            f"{cfg.key:62s} {r['truth_m'].params / 1e6:6.1f}M {r['split']:8s} {r['truth_method']:5s} {_mib(m):>12s} {_mib(pa):>12s} "
             f"{_pct(s['analytic']):>8s} {uo:>5s} {_pct(s['trace_vs_real']):>9s} {_pct(s['megatron']):>8s} "
             f"{_mib(ms):>10s} {_pct(s['deepspeed_state']):>8s} {_pct(s['accelerate_state']):>8s} "
             f"{_pct(s['analytic_state']):>8s}"
