@@ -553,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # 5. Print the table.
     hdr = (
-        f"{'configuration':62s} {'params':>7s} {'split':8s} {'truth':5s} {'measured MiB':>12s} {'analytic MiB':>12s} "
+        f"{'configuration':62s} {'params':>7s} {'split':8s} {'truth':5s} "
+        f"{'measured MiB':>12s} {'analytic MiB':>12s} "
         f"{'acc':>8s} {'u/o':>5s} {'trace acc':>9s} {'megatron':>8s} {'state MiB':>10s} {'DS acc':>8s} "
         f"{'acc.acc':>8s} {'an.state':>8s}"
     )
@@ -583,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
         s = r["scores"]
         uo = "-" if pa is None else ("under" if pa < m else "over")
         print(
-            f"{cfg.key:62s} {r['truth_m'].params / 1e6:6.1f}M {r['split']:8s} {r['truth_method']:5s} {_mib(m):>12s} {_mib(pa):>12s} "
+            f"{cfg.key:62s} {r['truth_m'].params / 1e6:6.1f}M {r['split']:8s} {r['truth_method']:5s} "
+            f"{_mib(m):>12s} {_mib(pa):>12s} "
             f"{_pct(s['analytic']):>8s} {uo:>5s} {_pct(s['trace_vs_real']):>9s} {_pct(s['megatron']):>8s} "
             f"{_mib(ms):>10s} {_pct(s['deepspeed_state']):>8s} {_pct(s['accelerate_state']):>8s} "
             f"{_pct(s['analytic_state']):>8s}"
