@@ -111,6 +111,17 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
         "n_positions": 4096,
         **_NO_DROPOUT,
     },
+    "llama-gqa-l": {
+        "model_type": "llama",
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    },
     "llama-gqa-tiny": {
         "model_type": "llama",
         "hidden_size": 64,
@@ -205,6 +216,9 @@ def full_grid() -> list[Config]:
         Config("gpt2-m", _ts(256, 2, "bf16-mixed", recompute="full"), r),
         Config("gpt2", _ts(256, 2, "fp32"), r),  # 124M, the real GPT-2 (dropout 0.1)
         Config("gpt2", _ts(512, 1, "bf16-mixed", recompute="full"), r),
+        Config("gpt2-medium", _ts(256, 1, "bf16"), r),  # 355M
+        Config("llama-gqa-l", _ts(512, 2, "bf16-mixed"), r),  # 124M GQA
+        Config("llama-gqa-l", _ts(1024, 1, "fp32", recompute="full"), r),
         # Real multi-process gloo runs: DDP, ZeRO-1, FSDP2 ZeRO-2/3 at world sizes 2-8.
         Config("llama-gqa-s", _ts(256, 2, "fp32", dp=2, zero=0), r),
         Config("llama-gqa-s", _ts(256, 2, "fp32", dp=2, zero=1), r),
