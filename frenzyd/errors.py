@@ -62,3 +62,7 @@ class InventoryError(FrenzyError):
 
 class DaemonUnreachable(FrenzyError):
     """The client could not reach a daemon; the message names the address tried."""
+
+
+class TraceError(FrenzyError):
+    """A real or fake-tensor run of the reference step failed in torch (mapped by ``marp.trace``)."""
