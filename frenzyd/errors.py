@@ -74,3 +74,7 @@ class PeerError(FrenzyError):
 
 class JobStateError(FrenzyError):
     """A job lifecycle move the state machine forbids, or an unknown job id."""
+
+
+class TraceError(FrenzyError):
+    """A real or fake-tensor run of the reference step failed in torch (mapped by ``marp.trace``)."""

@@ -43,12 +43,22 @@ _OLD = OverheadProfile(context_bytes=int(1.3 * GIB))
 _NEW = OverheadProfile(context_bytes=int(0.9 * GIB))
 
 OVERHEAD_TABLE: dict[str, OverheadProfile] = {
-    **{t: _OLD for t in ("T4", "P100", "V100-16GB", "V100-32GB", "RTX-2080TI")},
-    **{
-        t: _NEW
-        for t in ("A10", "L4", "RTX-3090", "RTX-4090", "RTX-A6000", "L40S", "A100-40GB", "A100-80GB",
-                  "H100-80GB", "H200")
-    },
+    **dict.fromkeys(("T4", "P100", "V100-16GB", "V100-32GB", "RTX-2080TI"), _OLD),
+    **dict.fromkeys(
+        (
+            "A10",
+            "L4",
+            "RTX-3090",
+            "RTX-4090",
+            "RTX-A6000",
+            "L40S",
+            "A100-40GB",
+            "A100-80GB",
+            "H100-80GB",
+            "H200",
+        ),
+        _NEW,
+    ),
 }
 DEFAULT_PROFILE = _OLD
 """Used for a GPU type not in the table (the larger, safer context figure)."""

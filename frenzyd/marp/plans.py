@@ -81,7 +81,9 @@ def step_time_s(model: ModelSpec, setup: TrainingSetup, pool: GpuPool) -> float:
     params = M.param_count(model)
     rec = setup.recompute == "full"
     attn_width = model.heads * model.head_dim
-    flops = (6 + 2 * rec) * params * tokens + (6 + 2 * rec) * model.layers * setup.seq_len * attn_width * tokens
+    flops = (6 + 2 * rec) * params * tokens + (
+        6 + 2 * rec
+    ) * model.layers * setup.seq_len * attn_width * tokens
     compute = flops / (gpus * _peak_flops(pool) * MFU)
     micro = setup.grad_accum
     bubble = compute * (setup.pp - 1) / micro if setup.pp > 1 else 0.0
@@ -97,7 +99,9 @@ def step_time_s(model: ModelSpec, setup: TrainingSetup, pool: GpuPool) -> float:
     if d > 1:
         ring = (d - 1) / d
         grad_bytes = shard_params * pbytes
-        comm += micro * 2 * ring * grad_bytes / dp_bw  # all-reduce (or reduce-scatter + gather) per micro-step
+        comm += (
+            micro * 2 * ring * grad_bytes / dp_bw
+        )  # all-reduce (or reduce-scatter + gather) per micro-step
         if setup.zero == 1:
             comm += ring * grad_bytes / dp_bw  # parameter broadcast after the sharded step
         if setup.zero == 3:
@@ -163,7 +167,7 @@ def feasible_plans(
                 per_dp = global_batch // shape.dp
                 micros = _divisors(per_dp)
                 zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
-                # Memory falls with the ZeRO stage: if the most sharded, smallest shape does not fit, none does.
+                # Memory falls with the ZeRO stage: if the most sharded, smallest shape misses, all do.
                 probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
                 if _bytes_per_gpu(model, probe, pool.gpu_type, constants) > budget:
                     continue
