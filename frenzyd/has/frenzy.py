@@ -47,6 +47,7 @@ running jobs over S ≤ 4 shrink attempts; no solver.
 
 from __future__ import annotations
 
+import heapq
 import random
 
 from frenzyd.has.interface import Decision, Gpu, JobView, Placement, RunningJob, Snapshot, pick_packed
@@ -64,6 +65,8 @@ STARVATION_S = 2 * 3600.0
 """Queue time after which the head job gets its GPU type reserved."""
 GROW_MIN_GAIN = 0.2
 """With nobody waiting, a running job moves onto idle GPUs only if it then ends ≥ 20 % sooner."""
+GROW_TRIES = 8
+"""Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
 SHRINK_PLANS = 4
@@ -131,6 +134,7 @@ class FrenzyPolicy:
             runs_on.setdefault(r.plan.gpu_type, []).append(r)
         moved: set[str] = set()
         shrink_tries = SHRINK_TRIES
+        max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
         order = sorted(
             snapshot.queued,
             key=lambda j: (self._remaining_s(j) - AGING * (now - j.arrival_s), j.arrival_s, j.job_id),
@@ -146,7 +150,7 @@ class FrenzyPolicy:
                 break
             gamma = GAMMA if left > 0 else GAMMA_ALONE
             ranked = self._ranking(job, gamma)
-            candidates: list[tuple[float, Plan, list[Gpu]]] = []
+            candidates: list[tuple[float, Plan, list[Gpu] | None]] = []
             best = float("inf")
             for packed_cost, plan in ranked:
                 if packed_cost > best * (1.0 + MEMORY_SLACK):
@@ -154,21 +158,29 @@ class FrenzyPolicy:
                 t = plan.gpu_type
                 if t in reserved or free_n.get(t, 0) < plan.gpus:
                     continue
-                gpus = pick_packed(free[t], plan.gpus, plan.tp)
-                if gpus is None:
+                biggest = max_free.get(t)
+                if biggest is None:
+                    biggest = max_free[t] = max((len(gs) for gs in free[t].values()), default=0)
+                if plan.gpus <= biggest:  # fits on one peer: the packed cost is exact, pick GPUs later
+                    candidates.append((packed_cost, plan, None))
+                    best = min(best, packed_cost)
                     continue
-                cost = packed_cost
-                n_peers = len({g.peer for g in gpus})
-                if n_peers > 1:
-                    step = job.speed.step_time_s(plan, speeds[t], n_peers)
-                    cost = step * plan.gpus**gamma
-                candidates.append((cost, plan, gpus))
+                picked = pick_packed(free[t], plan.gpus, plan.tp)
+                if picked is None:
+                    continue
+                step = job.speed.step_time_s(plan, speeds[t], len({g.peer for g in picked}))
+                cost = step * plan.gpus**gamma
+                candidates.append((cost, plan, picked))
                 best = min(best, cost)
             if candidates:
-                _, choice, gpus = min(
+                _, choice, maybe = min(
                     (c for c in candidates if c[0] <= best * (1.0 + MEMORY_SLACK)),
                     key=lambda c: (memory[c[1].gpu_type], c[0], c[1].gpu_type, c[1].gpus),
                 )
+                gpus = maybe or pick_packed(free[choice.gpu_type], choice.gpus, choice.tp)
+                if gpus is None:  # cannot happen: one peer had room; keep the invariant explicit
+                    continue
+                max_free.pop(choice.gpu_type, None)
                 for g in gpus:
                     free[choice.gpu_type][g.peer].remove(g)
                 free_n[choice.gpu_type] -= len(gpus)
@@ -190,6 +202,7 @@ class FrenzyPolicy:
                 )
                 if pair is not None:
                     stopped, places = pair
+                    max_free.clear()
                     if stopped is not None:
                         preemptions.append(stopped)
                     placements.extend(places)
@@ -292,24 +305,33 @@ class FrenzyPolicy:
 
         A job moves when its new plan (its own GPUs plus idle ones of a type)
         finishes it at least :data:`GROW_MIN_GAIN` sooner, restart included.
-        Running jobs in id order, each at most once per round.
+        The :data:`GROW_TRIES` running jobs with most work left, in that order,
+        each at most once per round: O(R + GROW_TRIES·K·P).
         """
         moves: list[tuple[float, str, Plan, list[Gpu]]] = []
+        if not any(n > 0 for n in free_n.values()):
+            return []
+        # The GROW_TRIES running jobs with the most work left (the ones a move helps most): O(R).
+        lefts = []
         for run in snapshot.running:
-            job = run.job
-            if not any(free_n.get(t, 0) > 0 for t in free_n):
-                break
-            now_left = job.remaining_steps * job.speed.step_time_s(
+            left = run.job.remaining_steps * run.job.speed.step_time_s(
                 run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus})
             )
-            if now_left <= job.restart_cost_s * 2:
-                continue
+            if left > run.job.restart_cost_s * 2:
+                lefts.append((left, run.job.job_id, run))
+        for now_left, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
+            job = run.job
+            if not any(n > 0 for n in free_n.values()):
+                break
             best: tuple[float, Plan, list[Gpu]] | None = None
             for _, plan in self._ranking(job, GAMMA_ALONE):
                 t = plan.gpu_type
                 own = t == run.plan.gpu_type
                 avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
                 if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
+                    continue
+                bound = job.restart_cost_s + job.remaining_steps * plan.step_time_s  # packed: a lower bound
+                if bound >= now_left * (1.0 - GROW_MIN_GAIN) or (best is not None and bound >= best[0]):
                     continue
                 pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
                 if own:
