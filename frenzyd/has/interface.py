@@ -10,6 +10,7 @@ randomness comes from the seeded ``random.Random`` passed in.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -181,7 +182,7 @@ def pick_packed(free_by_peer: dict[str, list[Gpu]], n: int, tp: int = 1) -> list
 
     Best fit: one peer that holds all ``n`` with the fewest spare GPUs; else the
     fullest peers first.  Returns None when the GPUs (in whole tp groups) are
-    not there.  Deterministic: ties broken by peer name.  O(P log P) for P peers.
+    not there.  Deterministic: ties broken by peer name.  O(P log n) for P peers.
     """
     best: tuple[int, str] | None = None
     for peer, gs in free_by_peer.items():
@@ -190,7 +191,9 @@ def pick_packed(free_by_peer: dict[str, list[Gpu]], n: int, tp: int = 1) -> list
     if best is not None:
         return sorted(free_by_peer[best[1]])[:n]
     chosen: list[Gpu] = []
-    for peer in sorted(free_by_peer, key=lambda p: (-len(free_by_peer[p]), p)):
+    # At most n peers are needed: the n fullest (O(P log n), not a full sort).
+    fullest = heapq.nsmallest(n, ((-len(gs), p) for p, gs in free_by_peer.items() if len(gs) >= tp))
+    for _, peer in fullest:
         gs = sorted(free_by_peer[peer])
         usable = (len(gs) // tp) * tp
         take = min(usable, n - len(chosen))

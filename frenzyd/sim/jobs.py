@@ -18,7 +18,7 @@ from frenzyd.sim.mapping import LlmJob
 from frenzyd.sim.model import SimJob
 from frenzyd.sim.speed import V100_SUSTAINED_FLOPS, JobSpeed, flops_per_step
 
-_Shape = tuple[JobSpeed, tuple[Plan, ...], frozenset[tuple[str, int]]]
+_Shape = tuple[JobSpeed, tuple[Plan, ...]]
 
 BASE_UTILISATION = 0.5
 """At ``load`` 1.0 the window's arrivals are stretched so the offered work is half the cluster's capacity."""
@@ -34,7 +34,7 @@ class ModelInfo:
 
 
 class PlanSource(Protocol):
-    """Where feasible plans come from (MARP)."""
+    """Where memory answers come from (MARP)."""
 
     def model_info(self, model: str) -> ModelInfo:
         """Parameter count, layers and hidden size of a model preset."""
@@ -47,21 +47,39 @@ class PlanSource(Protocol):
         global_batch: int,
         pools: Sequence[GpuPool],
         max_gpus: int | None = None,
+        *,
+        recompute: bool = False,
     ) -> list[Plan]:
         """Every feasible plan on ``pools`` with at most ``max_gpus`` GPUs (MARP's ``feasible_plans``)."""
         ...
 
+    def user_plan_fits(
+        self,
+        model: str,
+        seq_len: int,
+        global_batch: int,
+        pool: GpuPool,
+        gpus: int,
+        *,
+        recompute: bool = False,
+    ) -> bool:
+        """Whether a plain ZeRO-3 data-parallel plan on ``gpus`` GPUs, micro-batch 1, fits the GPU's memory.
+
+        Physical memory, no headroom: this is what decides a real out-of-memory error.
+        """
+        ...
+
 
 class MarpPlanSource:
-    """The real plan source: MARP's analytic predictor and plan enumeration."""
+    """The real plan source: MARP's analytic predictor, runtime-overhead table and plan enumeration."""
 
     def __init__(self, headroom: float | None = None) -> None:
         self._headroom = headroom
 
     def model_info(self, model: str) -> ModelInfo:
-        load_model, param_count, _, _ = _marp()
-        spec = load_model(model)
-        return ModelInfo(param_count(spec), spec.layers, spec.hidden)
+        m = _marp()
+        spec = m.load_model(model)
+        return ModelInfo(m.param_count(spec), spec.layers, spec.hidden)
 
     def plans(
         self,
@@ -70,26 +88,65 @@ class MarpPlanSource:
         global_batch: int,
         pools: Sequence[GpuPool],
         max_gpus: int | None = None,
+        *,
+        recompute: bool = False,
     ) -> list[Plan]:
-        load_model, _, feasible_plans, setup_cls = _marp()
-        setup = setup_cls(seq_len=seq_len, micro_batch=1, global_batch=global_batch)
-        if self._headroom is None:
-            return list(feasible_plans(load_model(model), setup, pools, max_gpus=max_gpus))
-        return list(
-            feasible_plans(load_model(model), setup, pools, headroom=self._headroom, max_gpus=max_gpus)
+        m = _marp()
+        setup = m.TrainingSetup(
+            seq_len=seq_len,
+            micro_batch=1,
+            global_batch=global_batch,
+            recompute="full" if recompute else "none",
         )
+        kwargs: dict[str, Any] = {"max_gpus": max_gpus}
+        if self._headroom is not None:
+            kwargs["headroom"] = self._headroom
+        return list(m.feasible_plans(m.load_model(model), setup, pools, **kwargs))
+
+    def user_plan_fits(
+        self,
+        model: str,
+        seq_len: int,
+        global_batch: int,
+        pool: GpuPool,
+        gpus: int,
+        *,
+        recompute: bool = False,
+    ) -> bool:
+        m = _marp()
+        accum = max(1, global_batch // gpus)
+        setup = m.TrainingSetup(
+            seq_len=seq_len,
+            micro_batch=1,
+            global_batch=accum * gpus,
+            zero=3 if gpus > 1 else 0,
+            dp=gpus,
+            recompute="full" if recompute else "none",
+        )
+        peak = int(m.predict(m.load_model(model), setup, check=False).peak_bytes)
+        return peak + int(m.overhead_bytes(pool.gpu_type, peak, gpus)) <= pool.memory_bytes
 
 
-def _marp() -> tuple[Any, Any, Any, Any]:
+def _marp() -> Any:
+    """MARP's modules, imported on first use (a clear error instead of a traceback if absent)."""
     try:
+        import types
+
+        from frenzyd.marp.analytic import predict
         from frenzyd.marp.model import load_model, param_count
+        from frenzyd.marp.overhead import overhead_bytes
         from frenzyd.marp.plans import feasible_plans
         from frenzyd.marp.spec import TrainingSetup
-    except ImportError as exc:  # MARP is built on its own branch; say so instead of a traceback
-        raise FrenzyError(
-            f"MARP's plan enumeration is not available ({exc}); the simulator needs frenzyd.marp.plans"
-        ) from exc
-    return load_model, param_count, feasible_plans, TrainingSetup
+    except ImportError as exc:
+        raise FrenzyError(f"MARP is not available ({exc}); the simulator needs frenzyd.marp") from exc
+    return types.SimpleNamespace(
+        predict=predict,
+        load_model=load_model,
+        param_count=param_count,
+        overhead_bytes=overhead_bytes,
+        feasible_plans=feasible_plans,
+        TrainingSetup=TrainingSetup,
+    )
 
 
 def pools_of(cluster: Cluster) -> list[GpuPool]:
@@ -159,28 +216,27 @@ def prepare_jobs(
         raise FrenzyError("--load must be positive")
     pools = pools_of(cluster)
     info_cache: dict[str, ModelInfo] = {}
-    shape_cache: dict[tuple[str, int, int], _Shape] = {}
+    shape_cache: dict[tuple[str, int, int, bool], _Shape] = {}
+    fit_cache: dict[tuple[str, int, int, bool, str, int], bool] = {}
     drafts: list[SimJob] = []
     dropped = 0
     for j in llm_jobs:
-        key = (j.model, j.seq_len, j.global_batch)
+        key = (j.model, j.seq_len, j.global_batch, j.recompute)
         if key not in shape_cache:
             info = info_cache.get(j.model)
             if info is None:
                 info = info_cache[j.model] = source.model_info(j.model)
-            speed = JobSpeed(info.params, flops_per_step(info.params, info.layers, info.hidden, *key[1:]))
-            raw = source.plans(j.model, j.seq_len, j.global_batch, pools, max_gpus)
-            # A ZeRO-3 plan on one GPU is plain single-GPU training: any 1-GPU plan stands for it.
-            user = frozenset(
-                (p.gpu_type, p.gpus)
-                for p in raw
-                if p.tp == 1 and p.pp == 1 and (p.zero == 3 or p.gpus == 1) and p.micro_batch >= 1
+            flops = flops_per_step(
+                info.params, info.layers, info.hidden, j.seq_len, j.global_batch, recompute=j.recompute
             )
-            shape_cache[key] = (speed, reduce_plans(raw, speed, cluster), user)
-        speed, plans, user = shape_cache[key]
+            speed = JobSpeed(info.params, flops)
+            raw = source.plans(j.model, j.seq_len, j.global_batch, pools, max_gpus, recompute=j.recompute)
+            shape_cache[key] = (speed, reduce_plans(raw, speed, cluster))
+        speed, plans = shape_cache[key]
         if not plans:
             dropped += 1
             continue
+        user = _user_fits(source, j, pools, fit_cache)
         steps = max(1.0, j.trace_duration_s * j.requested_gpus * V100_SUSTAINED_FLOPS / speed.flops_per_step)
         drafts.append(
             SimJob(
@@ -205,6 +261,34 @@ def prepare_jobs(
     span = max(d.arrival_s for d in drafts) - t0
     scale = (work / (capacity * BASE_UTILISATION) / span if span > 0 else 1.0) / load
     return [replace(d, arrival_s=(d.arrival_s - t0) * scale) for d in drafts], dropped
+
+
+def _user_fits(
+    source: PlanSource,
+    j: LlmJob,
+    pools: Sequence[GpuPool],
+    cache: dict[tuple[str, int, int, bool, str, int], bool],
+) -> frozenset[tuple[str, int]]:
+    """(type, count) pairs where FIFO's user plan fits: its ask and each doubling (capped)."""
+    largest = max((p.count for p in pools), default=0)
+    counts: list[int] = []
+    n = min(j.requested_gpus, largest)
+    for _ in range(5):  # the ask and up to three resubmissions (plus one spare) with twice the GPUs
+        counts.append(min(n, largest))
+        n *= 2
+    out = set()
+    for pool in pools:
+        for n in sorted(set(counts)):
+            if n > pool.count:
+                continue
+            key = (j.model, j.seq_len, j.global_batch, j.recompute, pool.gpu_type, n)
+            if key not in cache:
+                cache[key] = source.user_plan_fits(
+                    j.model, j.seq_len, j.global_batch, pool, n, recompute=j.recompute
+                )
+            if cache[key]:
+                out.add((pool.gpu_type, n))
+    return frozenset(out)
 
 
 def limit_jct_s(jobs: Sequence[SimJob]) -> float:

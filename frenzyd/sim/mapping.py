@@ -45,6 +45,8 @@ class LlmJob:
     seq_len: int
     global_batch: int
     trace_duration_s: float
+    recompute: bool = False
+    """Full activation recompute (LLaMA-family 7-13 B models: how they are trained on lab GPUs)."""
 
 
 def _shape(model: str, rng: random.Random) -> tuple[int, int]:
@@ -94,5 +96,6 @@ def map_jobs(jobs: list[TraceJob], rule: str, seed: int) -> list[LlmJob]:
     out = []
     for i, (j, m) in enumerate(zip(jobs, models, strict=True)):
         seq, gb = _shape(m, rng)
-        out.append(LlmJob(f"j{i:04d}", j.submit_s, j.gpus, m, seq, gb, j.duration_s))
+        big = not m.startswith("gpt2")
+        out.append(LlmJob(f"j{i:04d}", j.submit_s, j.gpus, m, seq, gb, j.duration_s, recompute=big))
     return out

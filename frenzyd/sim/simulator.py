@@ -311,4 +311,3 @@ def _check(name: str, pl: Placement, available: set[Gpu], used: set[Gpu]) -> Non
         raise SchedulerError(f"{name}: job {pl.job_id} placed on a GPU that is not free")
     if not tp_inside_peers(pl.plan, gpus):
         raise SchedulerError(f"{name}: job {pl.job_id} has a tensor-parallel group across peers")
-

@@ -11,7 +11,8 @@ sequences of ``s`` tokens, ``L`` layers, hidden ``h``; plan ``dp × tp × pp`` o
 
 * work: ``W = B·s·(6·P + 6·L·s·h)`` FLOPs (Kaplan et al. 2020, "Scaling Laws
   for Neural Language Models", §2.1: ``C ≈ 6N`` per token plus the attention
-  context term ``6·n_layer·n_ctx·d_model``).
+  context term ``6·n_layer·n_ctx·d_model``), × 8/6 with full activation
+  recompute (one more forward pass; Korthikanti et al. 2022).
 * compute: ``W / (n · v · F_V100) / e_tp · (1 + (pp − 1)/m)`` with
   ``F_V100 = 39 TFLOP/s`` sustained per V100 (Shoeybi et al. 2019,
   Megatron-LM: 39 TFLOP/s on one V100, 30 % of peak), tensor-parallel
@@ -106,6 +107,13 @@ class JobSpeed:
         return compute + exposed
 
 
-def flops_per_step(params: int, layers: int, hidden: int, seq_len: int, global_batch: int) -> float:
-    """Training FLOPs of one optimizer step: ``B·s·(6P + 6·L·s·h)`` (Kaplan et al. 2020)."""
-    return float(global_batch * seq_len * (6 * params + 6 * layers * seq_len * hidden))
+def flops_per_step(
+    params: int, layers: int, hidden: int, seq_len: int, global_batch: int, *, recompute: bool = False
+) -> float:
+    """Training FLOPs of one optimizer step: ``B·s·(6P + 6·L·s·h)`` (Kaplan et al. 2020).
+
+    Full activation recompute runs the forward pass twice: ``8/6`` of that
+    (Korthikanti et al. 2022, §3: recompute adds one forward, ~33 %).
+    """
+    base = float(global_batch * seq_len * (6 * params + 6 * layers * seq_len * hidden))
+    return base * (8.0 / 6.0) if recompute else base
