@@ -206,3 +206,23 @@ async def test_owner_process_vacates_the_job_which_reruns_elsewhere(pool: Pool, 
     assert done["attempts"] == 2
     assert done["ranks"][0]["peer"] != where.nid
     assert a is not b
+
+
+async def test_model_job_is_sized_by_marp_and_ranks_see_the_plan(pool: Pool, tmp_path: Path) -> None:
+    pool.add("a", 2)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    script = ("import json, os\nplan = json.loads(os.environ['FRENZY_PLAN'])\n"
+              "print('world', os.environ['WORLD_SIZE'], 'plan', plan['gpus'], plan['source'], flush=True)\n")
+    req = {"workdir": str(job_dir(tmp_path, script)), "argv": ["train.py"], "model": "tiny-gpt2",
+           "seq_len": 64, "micro_batch": 1, "global_batch": 4, "dtype": "fp32"}
+    rec = await c.orch.submit(req)
+    done = await wait_state(c, rec.id, {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done
+    plan = done["plan"]
+    assert plan["source"] == "marp"
+    assert plan["policy"] == "frenzy"
+    assert 0 < plan["bytes_per_gpu"] < 16 * GIB
+    out = "".join(e["data"] for e in c.orch.store.read_output(rec.id))
+    assert f"world {plan['gpus']} plan {plan['gpus']} marp" in out
