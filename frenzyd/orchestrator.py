@@ -83,8 +83,6 @@ MESSAGE_KINDS: dict[str, wire.Schema] = {
     "job.exit": _S(required={"job_id": str, "term": int, "codes": list, "peer": str},
                    optional={"record": dict, "vacated": bool, "reason": str}),
     "job.finished": _S(required={"job_id": str}),
-    "job.reply": _S(optional={"ok": bool, "reason": str, "master_port": int, "state": str,
-                              "data": bytes, "total": int}),
 }
 for _kind, _schema in MESSAGE_KINDS.items():
     wire.register_kind(_kind, _schema)
@@ -899,7 +897,7 @@ class Orchestrator:
     # --- handler table ------------------------------------------------------------------------
 
     def handlers(self) -> dict[str, Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]]:
-        """kind -> async handler(peer_id, body) -> reply body (kind ``job.reply``).
+        """kind -> async handler(peer_id, body) -> reply body (sent as an ``ok`` frame).
 
         ``job.launch`` and ``job.stop`` must only be called after their signature was verified.
         """

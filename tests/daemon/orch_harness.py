@@ -76,7 +76,7 @@ class Pool:
             msg = wire.decode(wire.encode(kind, body))
             handler = self.nodes[dst].orch.handlers()[msg.kind]
             reply = await asyncio.wait_for(handler(src, msg.body), limit)
-            return wire.decode(wire.encode("job.reply", reply)).body
+            return wire.decode(wire.encode("ok", reply)).body
         return send
 
     def add(self, nid: str, gpus: int, gpu_type: str = "T4", torch: str | None = None) -> Node:
