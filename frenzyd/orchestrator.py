@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from frenzyd import wire
 from frenzyd.errors import FrenzyError, JobStateError, LaunchError, LeaseError, WireError
@@ -105,16 +105,6 @@ class ClusterView:
     term: int
     peers: Mapping[str, Mapping[str, Any]]
     """Live, authenticated peers (this node included) -> their latest report (``Orchestrator.report``)."""
-
-
-class RankHandleLike(Protocol):
-    async def wait(self) -> int: ...
-
-
-class LauncherLike(Protocol):
-    async def start_store(self, job_id: str, bind_addr: str) -> int: ...
-    async def launch(self, spec: Any, on_output: Callable[[int, str, bytes], Any]) -> Any: ...
-    async def cancel(self, job_id: str) -> None: ...
 
 
 @dataclass
@@ -443,9 +433,15 @@ class Orchestrator:
         return {"ok": True}
 
     async def _h_exit(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        job_id = body["job_id"]
+        """A peer's ranks of a job exited: the submitter's record and the coordinator's view learn it."""
         raw = {c[0]: c[1] for c in body["codes"]
                if isinstance(c, list) and len(c) == 2 and all(isinstance(x, int) for x in c)}
+        self._submitter_exit(peer, body, raw)
+        await self._coordinator_exit(peer, body, raw)
+        return {"ok": True}
+
+    def _submitter_exit(self, peer: str, body: dict[str, Any], raw: dict[int, int]) -> None:
+        job_id = body["job_id"]
         mine = self.store.find(job_id)
         if mine is not None and not mine.terminal:
             if "record" in body:
@@ -468,6 +464,9 @@ class Orchestrator:
                 if rec.terminal:
                     log.info("job %s %s: %s", rec.id, rec.state, rec.message)
                     self._spawn(self._announce_finished(rec), f"finished {rec.id}")
+
+    async def _coordinator_exit(self, peer: str, body: dict[str, Any], raw: dict[int, int]) -> None:
+        job_id = body["job_id"]
         known = self.table.get(job_id)
         current = known is not None and known.state == "running" and known.term == body["term"]
         if known is not None and current and body.get("vacated"):
@@ -483,7 +482,6 @@ class Orchestrator:
             if done.terminal:
                 self._unreserve(job_id)
                 self.wake()
-        return {"ok": True}
 
     async def _h_payload(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
         length = max(0, min(int(body["length"]), CHUNK))
