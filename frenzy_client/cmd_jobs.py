@@ -12,10 +12,12 @@ import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from frenzy_client.daemon_client import DaemonClient, client_from_args
 from frenzyd.errors import ConfigError, FrenzyError
+
+if TYPE_CHECKING:
+    from frenzy_client.daemon_client import DaemonClient
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -92,6 +94,8 @@ def register(sub: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> DaemonClient:
+    from frenzy_client.daemon_client import client_from_args  # aiohttp only when talking to a daemon
+
     return client_from_args(args.daemon, args.token_file)
 
 

@@ -73,13 +73,21 @@ class RankHostRole(RoleBase):
         run_dir = self.data_dir / "runs" / job_id
         work, outdir = run_dir / "work", run_dir / "output"
         try:
-            payload = await self._fetch_payload(rec)
-            await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
-                                    self.max_payload_bytes)
-            outdir.mkdir(parents=True, exist_ok=True)
+            async def prepare() -> None:
+                payload = await self._fetch_payload(rec)
+                await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
+                                        self.max_payload_bytes)
+
             port = int(body["master_port"])
-            if body["start_store"]:
-                port = await self.launcher.start_store(job_id, body["master_addr"])
+            if body["start_store"]:  # the store (a child process) starts while the payload comes
+                store = asyncio.ensure_future(self.launcher.start_store(job_id, body["master_addr"]))
+                try:
+                    await prepare()
+                finally:
+                    port = await store
+            else:
+                await prepare()
+            outdir.mkdir(parents=True, exist_ok=True)
             run = RankRun(job_id, term, rec.submitter, body["record"], mine, port,
                        hosts_store=body["start_store"])
             self._runs[job_id] = run
