@@ -170,18 +170,14 @@ def _stage_phases(
     if recompute:
         ffn_temp = c.ckpt_fwd_temp_f if spec.gated_mlp else c.ckpt_fwd_temp_f_gelu
         fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lbytes.per_token_s))
-        if device == "cpu":
-            fwd_temp += lbytes.weight_copies  # CPU autocast casts the weights again for each layer
     bwd_temp = int(sb * (ab * c.bwd_temp_h * h + fb * c.bwd_temp_f * f))
     if setup.dtype == "bf16-mixed":
         bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
     if recompute:
         bwd_temp += layer_act  # the layer being re-run holds all its activations during its backward
-    # CUDA's autocast weight cache keeps a bf16 copy of every linear weight until the forward ends;
-    # without recompute those copies are saved for backward anyway (inside layer_act).
-    cache = (
-        layers * lbytes.weight_copies if device == "cuda" and setup.dtype == "bf16-mixed" and recompute else 0
-    )
+    # autocast's weight cache (CUDA and, in torch 2.13, CPU too) keeps a bf16 copy of every linear
+    # weight until the forward ends; without recompute those copies are saved for backward anyway.
+    cache = layers * lbytes.weight_copies if setup.dtype == "bf16-mixed" and recompute else 0
 
     # --- ZeRO-2/3 (FSDP2): unsharded parameters in flight ---------------------------------------
     root = (emb + final_norm + lm_head) * pb  # the root group is never resharded after forward
@@ -265,8 +261,11 @@ def _stage_phases(
         )
     )
     if first:
-        # embedding backward: a dense vocab x hidden gradient (added into the head's when tied)
+        # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
+        # out of place with the head's pending gradient (a third vocab x hidden tensor)
         emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
+        if tied_here:
+            emb_temp += spec.vocab * h * gb
         out.append(
             (
                 "backward",
