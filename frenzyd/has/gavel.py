@@ -27,8 +27,6 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_array
 
 from frenzyd.has.interface import Decision, Gpu, JobView, Placement, Snapshot, pick_packed
 from frenzyd.marp.spec import Plan
@@ -53,6 +51,10 @@ def max_min_allocation(
 
     Returns X [M×J].  ``scale`` [M×J] GPUs per (job, type), ``cap`` [J] GPUs per type.
     """
+    # Imported here: SciPy pulls in threading and socket, which the pure core must not at import.
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_array
+
     m, nj = thr.shape
     total = cap.sum()
     t_eq = (thr * cap[None, :]).sum(axis=1) / max(total, 1)
