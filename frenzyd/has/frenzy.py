@@ -246,7 +246,7 @@ class FrenzyPolicy:
                         break
         if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
             idle = {t: n for t, n in free_n.items() if t not in wanted and t not in reserved}
-            placements.extend(self._grow(snapshot, free, idle, speeds))
+            placements.extend(self._grow(snapshot, free, idle, speeds, skip=moved))
         return Decision(placements=tuple(placements), preemptions=tuple(preemptions))
 
     def _shrink_for(
@@ -341,6 +341,7 @@ class FrenzyPolicy:
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
         speeds: dict[str, float],
+        skip: frozenset[str] | set[str] = frozenset(),
     ) -> list[Placement]:
         """With nobody waiting, move running jobs onto idle GPUs where it pays for its restart.
 
@@ -358,6 +359,8 @@ class FrenzyPolicy:
         # The GROW_TRIES running jobs with the most work left (the ones a move helps most): O(R).
         lefts = []
         for run in snapshot.running:
+            if run.job.job_id in skip:  # already shrunk this round: its old GPUs are not its own any more
+                continue
             left = run.job.remaining_steps * run.job.speed.step_time_s(
                 run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus})
             )

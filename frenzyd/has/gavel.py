@@ -11,8 +11,9 @@ Faithful to the paper and ``stanford-futuredata/gavel`` (ANCHORS.md):
   maximises the total normalised throughput (so no GPU idles that a job
   could use: the stronger variant of the policy);
 * Gavel's jobs are rigid: ``s[m, j]`` is the GPU count the user asked for,
-  raised to the smallest count with a MARP-feasible plan on type j (the same
-  feasibility information every policy gets), ``T[m, j]`` that plan's
+  raised to the smallest count with a MARP-feasible plan on type j (else the
+  largest feasible count below it; the same feasibility information every
+  policy gets), ``T[m, j]`` that plan's
   throughput from the speed model; types with no such plan get ``X = 0``;
 * round-based mechanism, 360 s rounds: (job, type) pairs are granted GPUs in
   order of priority ``X[m, j] / (fraction of time received on j so far)``,
@@ -27,8 +28,6 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_array
 
 from frenzyd.has.interface import Decision, Gpu, JobView, Placement, Snapshot, pick_packed
 from frenzyd.marp.spec import Plan
@@ -37,13 +36,22 @@ ROUND_S = 360.0
 
 
 def rigid_plan(job: JobView, gpu_type: str, capacity: int) -> Plan | None:
-    """The user's GPU count on ``gpu_type``, raised to the smallest count with a feasible plan."""
+    """The user's GPU count on ``gpu_type``, raised to the smallest count with a feasible plan.
+
+    When no feasible plan is that large (the ask exceeds what the type has, or
+    MARP's plans stop below it), the largest feasible plan below the ask.
+    """
     want = min(job.requested_gpus, capacity)
-    best: Plan | None = None
+    up: Plan | None = None
+    down: Plan | None = None
     for p in job.plans:
-        if p.gpu_type == gpu_type and p.gpus >= want and (best is None or p.gpus < best.gpus):
-            best = p
-    return best
+        if p.gpu_type != gpu_type:
+            continue
+        if p.gpus >= want and (up is None or p.gpus < up.gpus):
+            up = p
+        if p.gpus < want and (down is None or p.gpus > down.gpus):
+            down = p
+    return up if up is not None else down
 
 
 def max_min_allocation(
@@ -53,6 +61,10 @@ def max_min_allocation(
 
     Returns X [M×J].  ``scale`` [M×J] GPUs per (job, type), ``cap`` [J] GPUs per type.
     """
+    # Imported here: SciPy pulls in threading and socket, which the pure core must not at import.
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_array
+
     m, nj = thr.shape
     total = cap.sum()
     t_eq = (thr * cap[None, :]).sum(axis=1) / max(total, 1)

@@ -35,8 +35,6 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
 from frenzyd.has.interface import Cluster, Decision, Gpu, JobView, Placement, Snapshot, pick_packed
 from frenzyd.marp.spec import Plan
@@ -167,6 +165,11 @@ class SiaPolicy:
         n_jobs: int,
         totals: dict[str, int],
     ) -> tuple[dict[int, tuple[int, Plan]] | None, bool]:
+        # SciPy is imported here, not at module import: it pulls in threading and socket, which the
+        # pure core must not (tests/test_core_purity.py); the solver itself is single-threaded.
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
         n = len(cols)
         types = sorted(totals)
         t_index = {t: k for k, t in enumerate(types)}
