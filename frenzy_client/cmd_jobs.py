@@ -1,17 +1,327 @@
-"""frenzy-client jobs commands (scaffold: replaced by the issue that builds them)."""
+"""frenzy-client run / status / jobs / logs / cancel: talk to the local frenzyd and render the answers."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import io
+import json
+import re
+import sys
+import tarfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from frenzyd.errors import FrenzyError
+from frenzyd.errors import ConfigError, FrenzyError
+
+if TYPE_CHECKING:
+    from frenzy_client.daemon_client import DaemonClient
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CANCELLED = 3
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "t": 1000**4, "tb": 1000**4}
+
+
+def parse_bytes(text: str) -> int:
+    """``4GiB``, ``512MiB``, ``2G``, ``1073741824`` -> bytes; ``ConfigError`` otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"cannot read {text!r} as a size: use e.g. 4GiB, 512MiB or a byte count")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    p.add_argument("--daemon", metavar="ADDRESS",
+                   help="frenzyd's client API: unix:/path or 127.0.0.1:PORT (default: $FRENZY_DAEMON, "
+                        "else unix:/run/frenzy/client.sock)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="API token for a TCP address "
+                        "(default: $FRENZY_TOKEN_FILE, $FRENZY_DATA_DIR/client.token)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("jobs", help="(not built yet)")
-    p.set_defaults(handler=_run)
+    p = sub.add_parser(
+        "run", help="submit a training job to the pool and stream its output",
+        description="Submit SCRIPT (run with torchrun's environment contract on the peers Frenzy picks) "
+                    "and stream its output. Either --model (+ --seq-len ...) lets MARP size the job, or "
+                    "--nproc and --mem-per-rank say what it needs. "
+                    "SCRIPT's directory is shipped to the peers.",
+    )
+    _common(p)
+    p.add_argument("--model", help="HF config.json path or MARP preset (e.g. gpt2, llama-3-8b)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--global-batch", type=int)
+    p.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="bf16-mixed")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--recompute", choices=["none", "full"], default="none")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0)
+    p.add_argument("--nproc", type=int, help="number of ranks (jobs without --model)")
+    p.add_argument("--mem-per-rank", type=parse_bytes, metavar="BYTES",
+                   help="GPU memory each rank needs, e.g. 4GiB (jobs without --model)")
+    p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page")
+    p.add_argument("--detach", action="store_true", help="print the job id and return at once")
+    p.add_argument("--results-dir", type=Path,
+                   help="where rank 0's output files go (default ./frenzy-results/JOB)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT ARGS")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("status", help="the pool as this daemon sees it (peers, GPUs, coordinator, jobs)")
+    _common(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("jobs", help="list the jobs known to the pool")
+    _common(p)
+    p.set_defaults(handler=cmd_jobs)
+
+    p = sub.add_parser("logs", help="print a job's output (submitted on this peer)")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(handler=cmd_logs)
+
+    p = sub.add_parser("cancel", help="cancel a job submitted on this peer")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB")
+    p.set_defaults(handler=cmd_cancel)
 
 
-def _run(args: argparse.Namespace) -> int:
-    raise FrenzyError("'jobs' is not built yet")
+def _client(args: argparse.Namespace) -> DaemonClient:
+    from frenzy_client.daemon_client import client_from_args  # aiohttp only when talking to a daemon
+
+    return client_from_args(args.daemon, args.token_file)
+
+
+def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+    """The submit request of ``run``'s arguments (script directory, argv, resources)."""
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("give the script to run after '--', e.g. frenzy-client run --nproc 2 "
+                          "--mem-per-rank 1GiB -- train.py --lr 3e-4")
+    script = (cwd / cmd[0]).resolve()
+    if not script.is_file():
+        raise ConfigError(f"script {cmd[0]} not found (looked at {script})")
+    req: dict[str, Any] = {
+        "workdir": str(script.parent), "argv": [script.name, *cmd[1:]], "name": args.name or script.name,
+        "micro_batch": args.micro_batch, "global_batch": args.global_batch, "dtype": args.dtype,
+        "optimizer": args.optimizer, "recompute": args.recompute, "zero": args.zero,
+        "nproc": args.nproc, "mem_per_rank": args.mem_per_rank, "seq_len": args.seq_len,
+    }
+    if args.model:
+        path = Path(args.model)
+        if path.suffix == ".json" or path.is_file():
+            try:
+                req["model_config"] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"--model {args.model}: cannot read it as a config.json ({exc})") from None
+            req["name"] = args.name or path.stem
+        else:
+            req["model"] = args.model
+        if args.seq_len is None:
+            raise ConfigError("--model needs --seq-len S (tokens per sample)")
+    elif args.nproc is None or args.mem_per_rank is None:
+        raise ConfigError("a job without --model must say how many ranks and how much memory each needs: "
+                          "add --nproc N --mem-per-rank BYTES (e.g. --nproc 2 --mem-per-rank 2GiB)")
+    return req
+
+
+class _Renderer:
+    """Prints job events for a person: state changes with elapsed time, output with rank prefixes."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out, self.err = out, err
+        self.t0 = time.monotonic()
+        self.state: str | None = None
+        self.partial: dict[tuple[int, str], str] = {}
+        self.last: dict[str, Any] | None = None
+
+    def _note(self, msg: str) -> None:
+        print(f"frenzy [{time.monotonic() - self.t0:6.1f}s] {msg}", file=self.err, flush=True)
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        if ev.get("type") == "state":
+            job = ev["job"]
+            self.last = dict(job)
+            if job["state"] != self.state:
+                self.state = job["state"]
+                self._note(f"job {job['id']}: {job['state']}" + (f" ({job['message']})" if job.get("message")
+                                                                   and job["state"] != "running" else ""))
+                if job["state"] == "running":
+                    self._placement(job)
+        elif ev.get("type") == "output":
+            rank, stream = int(ev.get("rank", 0)), str(ev.get("stream", "stdout"))
+            text = self.partial.pop((rank, stream), "") + str(ev.get("data", ""))
+            lines = text.split("\n")
+            self.partial[(rank, stream)] = lines.pop()
+            target = self.err if stream == "stderr" else self.out
+            for line in lines:
+                print(f"[rank {rank}] {line}" if rank >= 0 else line, file=target)
+            target.flush()
+
+    def _placement(self, job: Mapping[str, Any]) -> None:
+        plan = job.get("plan") or {}
+        if plan:
+            per = plan.get("bytes_per_gpu")
+            pred = f"{per / 2**30:.2f} GiB per GPU" if isinstance(per, int) else "?"
+            src = "MARP prediction" if plan.get("source") == "marp" else "declared by --mem-per-rank"
+            extra = ""
+            if plan.get("step_time_s") is not None:
+                extra = f", est. {plan['step_time_s']:.3f} s/step"
+            shape = f"dp={plan.get('dp')} tp={plan.get('tp')} pp={plan.get('pp')}"
+            self._note(f"plan: {plan.get('gpus')} x {plan.get('gpu_type')} ({shape}), {pred} ({src}){extra}, "
+                       f"backend {plan.get('backend', '?')}")
+        for r in job.get("ranks") or ():
+            self._note(f"  rank {r['rank']} -> peer {str(r['peer'])[:12]} gpu {r['gpu']}")
+
+    def flush(self) -> None:
+        for (rank, stream), rest in self.partial.items():
+            if rest:
+                print(f"[rank {rank}] {rest}", file=self.err if stream == "stderr" else self.out)
+        self.partial.clear()
+
+
+def _exit_code(state: str | None) -> int:
+    return {"succeeded": EXIT_OK, "cancelled": EXIT_CANCELLED}.get(state or "", EXIT_FAILED)
+
+
+def _extract_results(data: bytes, dest: Path) -> int:
+    """Unpack rank 0's result archive safely (no absolute paths, links or traversal); file count."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            members = [m for m in tf.getmembers() if m.isfile() or m.isdir()]
+            tf.extractall(dest, members=members, filter="data")
+            return sum(1 for m in members if m.isfile())
+    except (tarfile.TarError, OSError) as exc:
+        raise FrenzyError(f"result files could not be unpacked into {dest}: {exc}") from None
+
+
+async def _run(args: argparse.Namespace) -> int:
+    req = build_request(args, Path.cwd())
+    async with _client(args) as c:
+        job = await c.submit(req)
+        if args.detach:
+            print(json.dumps(job) if args.json else job["id"])
+            return EXIT_OK
+        r = _Renderer(sys.stdout, sys.stderr)
+        r._note(f"submitted job {job['id']} to {c.address}")
+        async for ev in c.events(job["id"], follow=True):
+            if args.json:
+                print(json.dumps(ev), flush=True)
+            else:
+                r.event(ev)
+        r.flush()
+        final = (await c.job(job["id"]))["job"]
+        state = final["state"]
+        dest = args.results_dir or Path.cwd() / "frenzy-results" / job["id"]
+        data = await c.results(job["id"])
+        n = _extract_results(data, dest) if data else 0
+        if not args.json:
+            msg = f"job {job['id']} {state}" + (f": {final['message']}" if final.get("message") else "")
+            if n:
+                msg += f"; {n} result file(s) in {dest}"
+            r._note(msg)
+        return _exit_code(state)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run(args))
+    except KeyboardInterrupt:
+        print("frenzy-client: detached; the job keeps running (see 'frenzy-client jobs', "
+              "'frenzy-client logs JOB', 'frenzy-client cancel JOB')", file=sys.stderr)
+        return 130
+
+
+async def _status(args: argparse.Namespace) -> dict[str, Any]:
+    async with _client(args) as c:
+        return await c.status()
+
+
+def render_status(st: Mapping[str, Any], out: TextIO) -> None:
+    """The status JSON for a person."""
+    node, coord = st["node"], st.get("coordinator")
+    print(f"node {node['name']} ({node['id'][:12]}), role {node['role']}, term {node['term']}", file=out)
+    who = f"{coord['name']} ({coord['id'][:12]}), term {coord['term']}" if coord else "none"
+    print(f"coordinator: {who}", file=out)
+    print("peers:", file=out)
+    for p in st.get("peers", []):
+        print(f"  {p['name']:<16} {p['address']:<22} {'alive' if p['alive'] else 'DOWN'}", file=out)
+        for g in p.get("gpus", []):
+            sim = " simulated" if g.get("simulated") else ""
+            lease = f" leased to {g['leased_to']}" if g.get("leased_to") else ""
+            free = f"{g['free_bytes'] / 2**30:7.1f}/{g['memory_bytes'] / 2**30:.1f} GiB free"
+            print(f"    {g['type']:<12} {free}  {g['uuid']}{sim}{lease}", file=out)
+    _render_jobs(st.get("jobs", []), out)
+
+
+def _render_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
+    if not jobs:
+        print("jobs: none", file=out)
+        return
+    print(f"{'JOB':<34} {'STATE':<10} {'RANKS':>5}  {'PLAN':<24} SUBMITTER", file=out)
+    for j in jobs:
+        plan = j.get("plan") or {}
+        shape = f"{plan.get('gpus')}x{plan.get('gpu_type')}" if plan else "-"
+        print(f"{j['id']:<34} {j['state']:<10} {len(j.get('ranks') or []):>5}  {shape:<24} "
+              f"{j.get('submitter_name') or str(j.get('submitter', ''))[:12]}", file=out)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = asyncio.run(_status(args))
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        render_status(st, sys.stdout)
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    async def go() -> list[dict[str, Any]]:
+        async with _client(args) as c:
+            return await c.jobs()
+
+    jobs = asyncio.run(go())
+    if args.json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+    else:
+        _render_jobs(jobs, sys.stdout)
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    async def go() -> str | None:
+        r = _Renderer(sys.stdout, sys.stderr)
+        state = None
+        async with _client(args) as c:
+            async for ev in c.events(args.job_id, follow=args.follow):
+                if ev.get("type") == "state":
+                    state = ev["job"]["state"]
+                if args.json:
+                    print(json.dumps(ev), flush=True)
+                elif ev.get("type") == "output" or args.follow:
+                    r.event(ev)
+        r.flush()
+        return state
+
+    state = asyncio.run(go())
+    return _exit_code(state) if args.follow else EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def go() -> dict[str, Any]:
+        async with _client(args) as c:
+            return await c.cancel(args.job_id)
+
+    job = asyncio.run(go())
+    print(json.dumps(job) if args.json else f"job {job['id']}: {job['state']}")
+    return EXIT_OK

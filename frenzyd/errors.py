@@ -62,3 +62,19 @@ class InventoryError(FrenzyError):
 
 class DaemonUnreachable(FrenzyError):
     """The client could not reach a daemon; the message names the address tried."""
+
+
+class PeerError(FrenzyError):
+    """A request to a peer failed or was refused; ``reason`` names why (``unreachable``, ``timeout``, ...)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class JobStateError(FrenzyError):
+    """A job lifecycle move the state machine forbids, or an unknown job id."""
+
+
+class TraceError(FrenzyError):
+    """A real or fake-tensor run of the reference step failed in torch (mapped by ``marp.trace``)."""

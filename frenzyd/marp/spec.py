@@ -51,6 +51,10 @@ class ModelSpec:
     """GPT-2's wpe table; LLaMA uses rotary embeddings (no parameters)."""
     attn_dropout: float = 0.0
     resid_dropout: float = 0.0
+    embd_dropout: float = 0.0
+    """GPT-2's embedding dropout (``embd_pdrop``); LLaMA has none."""
+    sliding_window: int | None = None
+    """Mistral/Qwen2 sliding-window attention span (a mask is built only past it)."""
     hf_config: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
 

@@ -1,0 +1,157 @@
+"""HTTP client of the local frenzyd API (unix socket or 127.0.0.1 + token); errors mapped to FrenzyError."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from frenzyd.errors import ConfigError, DaemonUnreachable, FrenzyError
+
+DEFAULT_DAEMON = "unix:/run/frenzy/client.sock"
+REQUEST_TIMEOUT_S = 30.0
+
+
+def resolve_address(arg: str | None, env: Mapping[str, str]) -> str:
+    """``--daemon`` wins, then ``FRENZY_DAEMON``, then the default local socket."""
+    return arg or env.get("FRENZY_DAEMON") or DEFAULT_DAEMON
+
+
+def resolve_token(address: str, arg: str | None, env: Mapping[str, str]) -> str | None:
+    """The API token for a TCP address: ``--token-file``, ``FRENZY_TOKEN``, ``FRENZY_TOKEN_FILE``,
+    then ``$FRENZY_DATA_DIR/client.token``.  None for a unix socket."""
+    if address.startswith("unix:"):
+        return None
+    if env.get("FRENZY_TOKEN") and not arg:
+        return env["FRENZY_TOKEN"].strip()
+    candidates = [arg, env.get("FRENZY_TOKEN_FILE")]
+    if env.get("FRENZY_DATA_DIR"):
+        candidates.append(str(Path(env["FRENZY_DATA_DIR"]) / "client.token"))
+    for c in candidates:
+        if c:
+            try:
+                return Path(c).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read the API token {c}: {exc.strerror}") from None
+    raise ConfigError(
+        f"the daemon at {address} needs its API token: pass --token-file DATA_DIR/client.token "
+        "or set FRENZY_TOKEN_FILE (the file is in the daemon's data directory)"
+    )
+
+
+class DaemonClient:
+    """``async with DaemonClient(address, token) as c: await c.status()``."""
+
+    def __init__(self, address: str, token: str | None = None) -> None:
+        self.address = address
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if address.startswith("unix:"):
+            self._connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=address[5:])
+            self._base = "http://frenzyd"
+        else:
+            _, sep, port = address.rpartition(":")
+            if not sep or not port.isdigit():
+                raise ConfigError(f"daemon address {address!r}: use 'unix:/path' or 'HOST:PORT'")
+            self._connector = aiohttp.TCPConnector()
+            self._base = f"http://{address}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> DaemonClient:
+        self._session = aiohttp.ClientSession(connector=self._connector, headers=self._headers)
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _s(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise FrenzyError("DaemonClient used outside 'async with'")
+        return self._session
+
+    def _unreachable(self, exc: BaseException) -> DaemonUnreachable:
+        return DaemonUnreachable(
+            f"cannot reach frenzyd at {self.address} ({exc}): is it running? "
+            "choose another with --daemon ADDRESS or FRENZY_DAEMON"
+        )
+
+    async def _json(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            async with self._s().request(method, self._base + path, json=body,
+                                         timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as r:
+                try:
+                    data = await r.json(content_type=None)
+                except (ValueError, aiohttp.ContentTypeError):
+                    data = None
+                if r.status >= 400:
+                    msg = data.get("error") if isinstance(data, dict) else None
+                    raise FrenzyError(msg or f"frenzyd answered HTTP {r.status}")
+                return data
+        except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    async def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = await self._json("GET", "/v1/status")
+        return data
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        data = await self._json("GET", "/v1/jobs")
+        return list(data["jobs"])
+
+    async def submit(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        data = await self._json("POST", "/v1/jobs", dict(request))
+        return dict(data["job"])
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        data: dict[str, Any] = await self._json("GET", f"/v1/jobs/{job_id}")
+        return data
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        data = await self._json("POST", f"/v1/jobs/{job_id}/cancel")
+        return dict(data["job"])
+
+    async def results(self, job_id: str) -> bytes | None:
+        try:
+            async with self._s().get(self._base + f"/v1/jobs/{job_id}/results",
+                                     timeout=aiohttp.ClientTimeout(total=300)) as r:
+                if r.status == 404:
+                    return None
+                if r.status >= 400:
+                    raise FrenzyError(f"results of {job_id}: HTTP {r.status}")
+                return await r.read()
+        except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+
+    async def events(self, job_id: str, follow: bool) -> AsyncIterator[dict[str, Any]]:
+        """The job's state and output events (NDJSON), following until the job ends when asked."""
+        try:
+            async with self._s().get(self._base + f"/v1/jobs/{job_id}/events",
+                                     params={"follow": "1" if follow else "0"},
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as r:
+                if r.status >= 400:
+                    try:
+                        msg = (await r.json(content_type=None)).get("error")
+                    except (ValueError, AttributeError):
+                        msg = None
+                    raise FrenzyError(msg or f"events of {job_id}: HTTP {r.status}")
+                async for line in r.content:
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except ValueError:
+                            continue
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise self._unreachable(exc) from None
+
+
+def client_from_args(daemon: str | None, token_file: str | None) -> DaemonClient:
+    """A client for ``--daemon``/``--token-file`` (or their environment defaults)."""
+    env = dict(os.environ)
+    address = resolve_address(daemon, env)
+    return DaemonClient(address, resolve_token(address, token_file, env))

@@ -1,0 +1,582 @@
+"""frenzyd's configuration: TOML into nested frozen dataclasses, env overrides once, fix-it errors.
+
+Every key is listed in ``KEYS`` (section, key, default, meaning); ``CONFIG_REFERENCE``
+renders it as the README's table.  ``load_config`` is the only place that reads the
+environment (``ENV_OVERRIDES``); relative paths are resolved against the config file's
+directory.  Unknown sections or keys are errors (a typo must not silently fall back to
+a default).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any, Final
+
+from frenzyd.auth import NODE_NAME_RE
+from frenzyd.errors import ConfigError
+from frenzyd.gpu_types import GPU_TYPES
+
+# (section, key, default shown in the reference, meaning)
+KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
+    (
+        "node",
+        "name",
+        "required",
+        "this node's name, as enrolled with `pool add-node` (letters, digits, . _ -)",
+    ),
+    ("node", "data_dir", "required", "directory for identity, job records, job logs and pid files"),
+    (
+        "node",
+        "priority",
+        "0",
+        "election preference: the live node with the highest priority coordinates (ties: smallest node id)",
+    ),
+    ("network", "listen", '"0.0.0.0:7470"', "peer API (mutual TLS) `host:port`; `[::]:7470` for IPv6"),
+    ("network", "interfaces", "[]", 'interfaces for mDNS and job rendezvous, e.g. `["eth0"]`; empty = all'),
+    ("network", "peers", "[]", "static peers `host:port`, for networks where multicast does not pass"),
+    ("network", "mdns", "true", "announce and browse `_frenzy._tcp.local.` with zeroconf"),
+    (
+        "network",
+        "advertise",
+        "auto",
+        "address peers use to reach this node; default: first IPv4 of the first "
+        "interface, else the listen host (else the first non-loopback IPv4)",
+    ),
+    (
+        "pool",
+        "credentials",
+        "required",
+        "directory written by `frenzy-client pool add-node` (ca.pem, node.pem, node.key)",
+    ),
+    (
+        "client",
+        "listen",
+        '"unix:DATA_DIR/client.sock"',
+        "local client API: `unix:/path` (file permissions) or "
+        "`127.0.0.1:PORT` (per-user token file in data_dir)",
+    ),
+    ("web", "listen", '"127.0.0.1:7480"', "read-only status page, JSON and /metrics"),
+    (
+        "devices",
+        "type",
+        "required",
+        "[[devices]] declared (simulated) GPUs, used when NVML finds none: canonical "
+        "type name (e.g. `A100-80GB`)",
+    ),
+    ("devices", "count", "1", "[[devices]] how many GPUs of this type"),
+    (
+        "devices",
+        "memory_gib",
+        "type's memory",
+        "[[devices]] memory per GPU; required for a type not in the canonical table",
+    ),
+    ("timing", "heartbeat_s", "1.0", "interval between heartbeats to each peer"),
+    ("timing", "peer_timeout_s", "4.0", "a peer is dead after this long without a heartbeat"),
+    (
+        "timing",
+        "election_grace_s",
+        "peer_timeout_s",
+        "after start-up, wait this long to learn a sitting coordinator before claiming the role",
+    ),
+    ("timing", "request_timeout_s", "5.0", "timeout of one peer request"),
+    ("timing", "shutdown_deadline_s", "10.0", "SIGTERM: stop gracefully within this, then cancel"),
+    ("timing", "inventory_refresh_s", "2.0", "interval between GPU inventory refreshes"),
+    (
+        "launcher",
+        "run_as",
+        "none",
+        "run ranks as this unprivileged user (daemon must be root); default: the daemon's user",
+    ),
+    ("launcher", "max_payload_bytes", "268435456", "cap on a job's shipped directory (256 MiB)"),
+    ("launcher", "max_result_bytes", "67108864", "cap on rank 0's returned output files (64 MiB)"),
+    (
+        "launcher",
+        "rendezvous_ports",
+        "[29400, 29499]",
+        "inclusive TCP port range for the per-job rendezvous store (MASTER_PORT); open it between peers. "
+        "gloo/NCCL rank-to-rank links use ephemeral ports on the pool interface",
+    ),
+    ("launcher", "term_grace_s", "10.0", "cancel: SIGTERM the rank process group, SIGKILL after this"),
+    (
+        "owner",
+        "min_free_fraction",
+        "0.5",
+        "a GPU with less free memory than this fraction of its total is not offered (the owner is using it)",
+    ),
+    (
+        "owner",
+        "protect_foreign_processes",
+        "true",
+        "a GPU running any process that is not Frenzy's is not offered, and Frenzy's ranks there are vacated",
+    ),
+    ("owner", "vacate_grace_s", "30.0", "owner reclaimed a GPU: ranks get SIGTERM, then SIGKILL after this"),
+)
+
+ENV_OVERRIDES: Final[Mapping[str, tuple[str, str]]] = {
+    "FRENZY_NODE_NAME": ("node", "name"),
+    "FRENZY_DATA_DIR": ("node", "data_dir"),
+    "FRENZY_PRIORITY": ("node", "priority"),
+    "FRENZY_LISTEN": ("network", "listen"),
+    "FRENZY_INTERFACES": ("network", "interfaces"),
+    "FRENZY_PEERS": ("network", "peers"),
+    "FRENZY_MDNS": ("network", "mdns"),
+    "FRENZY_ADVERTISE": ("network", "advertise"),
+    "FRENZY_CREDENTIALS": ("pool", "credentials"),
+    "FRENZY_CLIENT_LISTEN": ("client", "listen"),
+    "FRENZY_WEB_LISTEN": ("web", "listen"),
+}
+"""Environment variables that override one key each (lists: comma-separated; booleans: 1/0/true/false)."""
+
+
+def _render_reference() -> str:
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for section, key, default, doc in KEYS:
+        lines.append(f"| `{section}.{key}` | `{default}` | {doc} |")
+    lines.append("")
+    lines.append(
+        "Environment overrides (applied once at load): "
+        + ", ".join(f"`{env}` → `{s}.{k}`" for env, (s, k) in ENV_OVERRIDES.items())
+    )
+    return "\n".join(lines)
+
+
+# --- value types --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPort:
+    """An address ``host:port`` (IPv6 hosts written ``[::1]:7470``)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str, what: str = "address") -> HostPort:
+        """Parse ``host:port``; ConfigError with an example when it is not one."""
+        text = text.strip()
+        if text.startswith("["):
+            host, sep, rest = text[1:].partition("]")
+            if not sep or not rest.startswith(":"):
+                raise ConfigError(f"{what} {text!r}: write an IPv6 address as [::1]:7470")
+            port_s = rest[1:]
+        else:
+            host, sep, port_s = text.rpartition(":")
+            if not sep or ":" in host:
+                raise ConfigError(f"{what} {text!r} is not host:port (e.g. 10.0.0.5:7470)")
+        if not host:
+            raise ConfigError(f"{what} {text!r} has no host (e.g. 0.0.0.0:7470)")
+        try:
+            port = int(port_s)
+        except ValueError:
+            raise ConfigError(f"{what} {text!r}: port {port_s!r} is not a number") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{what} {text!r}: port must be 0..65535")
+        return cls(host, port)
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    name: str
+    data_dir: Path
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class NetworkSection:
+    listen: HostPort
+    interfaces: tuple[str, ...] = ()
+    peers: tuple[HostPort, ...] = ()
+    mdns: bool = True
+    advertise: str | None = None
+    """The host peers should dial; ``load_config`` fills it in (never None after loading)."""
+
+    @property
+    def advertise_address(self) -> str:
+        """``host:port`` peers use to reach this node's peer API."""
+        return str(HostPort(self.advertise or self.listen.host, self.listen.port))
+
+
+@dataclass(frozen=True)
+class PoolSection:
+    credentials: Path
+
+
+@dataclass(frozen=True)
+class ClientSection:
+    listen: str
+
+    @property
+    def unix_path(self) -> Path | None:
+        return Path(self.listen[5:]) if self.listen.startswith("unix:") else None
+
+
+@dataclass(frozen=True)
+class WebSection:
+    listen: HostPort = HostPort("127.0.0.1", 7480)
+
+
+@dataclass(frozen=True)
+class DeviceDecl:
+    type: str
+    count: int = 1
+    memory_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class TimingSection:
+    heartbeat_s: float = 1.0
+    peer_timeout_s: float = 4.0
+    election_grace_s: float = 4.0
+    request_timeout_s: float = 5.0
+    shutdown_deadline_s: float = 10.0
+    inventory_refresh_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class LauncherSection:
+    run_as: str | None = None
+    max_payload_bytes: int = 256 * 1024 * 1024
+    max_result_bytes: int = 64 * 1024 * 1024
+    rendezvous_ports: tuple[int, int] = (29400, 29499)
+    term_grace_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class OwnerSection:
+    min_free_fraction: float = 0.5
+    protect_foreign_processes: bool = True
+    vacate_grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Config:
+    node: NodeSection
+    network: NetworkSection
+    pool: PoolSection
+    client: ClientSection
+    web: WebSection
+    devices: tuple[DeviceDecl, ...]
+    timing: TimingSection
+    launcher: LauncherSection
+    owner: OwnerSection
+    source: Path | None = None
+
+
+# --- loading --------------------------------------------------------------------------------
+
+_SECTIONS: Final = ("node", "network", "pool", "client", "web", "devices", "timing", "launcher", "owner")
+
+
+class _Section:
+    """Typed access to one TOML table, with errors naming ``section.key`` and what to write."""
+
+    def __init__(self, name: str, table: Mapping[str, Any]) -> None:
+        self.name = name
+        self.table = table
+        known = [k for s, k, _, _ in KEYS if s == name]
+        for key in table:
+            if key not in known:
+                hint = get_close_matches(key, known, n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}"
+                raise ConfigError(f"unknown key [{name}] {key!r}{did}")
+
+    def _bad(self, key: str, want: str) -> ConfigError:
+        return ConfigError(f"[{self.name}] {key} = {self.table[key]!r}: expected {want}")
+
+    def has(self, key: str) -> bool:
+        return key in self.table
+
+    def str_(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        if key not in self.table:
+            if required:
+                raise ConfigError(f"[{self.name}] {key} is required (see the config reference in README)")
+            return default
+        v = self.table[key]
+        if not isinstance(v, str) or not v.strip():
+            raise self._bad(key, "a non-empty string")
+        return v.strip()
+
+    def int_(self, key: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        v = self.table.get(key, default)
+        if isinstance(v, str):
+            try:
+                v = int(v)
+            except ValueError:
+                raise self._bad(key, "an integer") from None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self._bad(key, "an integer")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise self._bad(key, f"an integer in [{lo}, {hi}]")
+        return v
+
+    def float_(
+        self, key: str, default: float, lo: float = 0.0, hi: float | None = None, *, open_lo: bool = True
+    ) -> float:
+        v = self.table.get(key, default)
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                raise self._bad(key, "a number") from None
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise self._bad(key, "a number")
+        v = float(v)
+        if (v <= lo if open_lo else v < lo) or (hi is not None and v > hi):
+            raise self._bad(
+                key, f"a number {'>' if open_lo else '>='} {lo}" + (f" and <= {hi}" if hi else "")
+            )
+        return v
+
+    def bool_(self, key: str, default: bool) -> bool:
+        v = self.table.get(key, default)
+        if isinstance(v, str) and v.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return v.lower() in ("1", "true", "yes", "on")
+        if not isinstance(v, bool):
+            raise self._bad(key, "true or false")
+        return v
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        v = self.table.get(key, [])
+        if isinstance(v, str):
+            v = [p for p in (s.strip() for s in v.split(",")) if p]
+        if not isinstance(v, list) or not all(isinstance(s, str) and s.strip() for s in v):
+            raise self._bad(key, 'a list of strings, e.g. ["a", "b"]')
+        return tuple(s.strip() for s in v)
+
+
+def _path(base: Path, text: str) -> Path:
+    p = Path(text).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def _is_wildcard(host: str) -> bool:
+    return host in ("0.0.0.0", "::", "")
+
+
+def interface_ipv4(ifname: str) -> str | None:
+    """The first IPv4 address of network interface ``ifname`` (Linux SIOCGIFADDR), or None."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
+    except OSError:
+        return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _default_advertise(
+    listen: HostPort, interfaces: tuple[str, ...], lookup: Callable[[str], str | None]
+) -> str:
+    if interfaces:
+        first = lookup(interfaces[0])
+        if first:
+            return first
+    if not _is_wildcard(listen.host):
+        return listen.host
+    import socket
+
+    for _, name in socket.if_nameindex():
+        addr = lookup(name)
+        if addr and not ipaddress.ip_address(addr).is_loopback:
+            return addr
+    return "127.0.0.1"
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for var, (section, key) in ENV_OVERRIDES.items():
+        if var in env:
+            table = raw.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"[{section}] must be a table to apply {var}")
+            table[key] = env[var]
+
+
+def load_config(
+    path: Path, env: Mapping[str, str] | None = None, *, ifaddr: Callable[[str], str | None] = interface_ipv4
+) -> Config:
+    """Read ``path`` (TOML), apply ``env`` overrides (``ENV_OVERRIDES``), validate, return a Config.
+
+    ``env`` defaults to ``os.environ``.  Raises ConfigError with a message saying
+    what to change.  ``ifaddr`` looks up an interface's IPv4 (injected for tests).
+    """
+    path = Path(path)
+    env = os.environ if env is None else env
+    try:
+        raw: dict[str, Any] = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found (see systemd/frenzyd.toml.example)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return config_from_dict(raw, env, base=path.resolve().parent, source=path, ifaddr=ifaddr)
+
+
+def config_from_dict(
+    raw: dict[str, Any],
+    env: Mapping[str, str],
+    *,
+    base: Path,
+    source: Path | None = None,
+    ifaddr: Callable[[str], str | None] = interface_ipv4,
+) -> Config:
+    """Validate an already-parsed TOML document (``load_config`` minus the file read)."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for key in raw:
+        if key not in _SECTIONS:
+            hint = get_close_matches(key, _SECTIONS, n=1)
+            raise ConfigError(f"unknown section [{key}]" + (f"; did you mean [{hint[0]}]?" if hint else ""))
+    _apply_env(raw, env)
+    tables = {}
+    for name in _SECTIONS:
+        if name == "devices":
+            continue
+        t = raw.get(name, {})
+        if not isinstance(t, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        tables[name] = _Section(name, t)
+
+    n = tables["node"]
+    node_name = n.str_("name", required=True) or ""
+    if not NODE_NAME_RE.match(node_name):
+        raise ConfigError(f"[node] name = {node_name!r}: use letters, digits, '.', '_' or '-' (e.g. 'ws-01')")
+    data_dir = _path(base, n.str_("data_dir", required=True) or "")
+    node = NodeSection(name=node_name, data_dir=data_dir, priority=n.int_("priority", 0, -(2**31), 2**31 - 1))
+
+    w = tables["network"]
+    listen = HostPort.parse(w.str_("listen", "0.0.0.0:7470") or "", "[network] listen")
+    interfaces = w.str_list("interfaces")
+    peers = tuple(HostPort.parse(p, "[network] peers entry") for p in w.str_list("peers"))
+    advertise = w.str_("advertise")
+    if advertise is None:
+        advertise = _default_advertise(listen, interfaces, ifaddr)
+    network = NetworkSection(
+        listen=listen, interfaces=interfaces, peers=peers, mdns=w.bool_("mdns", True), advertise=advertise
+    )
+
+    creds = tables["pool"].str_("credentials", required=True)
+    pool = PoolSection(credentials=_path(base, creds or ""))
+
+    client_listen = tables["client"].str_("listen") or f"unix:{data_dir / 'client.sock'}"
+    if client_listen.startswith("unix:"):
+        client_listen = f"unix:{_path(base, client_listen[5:])}"
+    else:
+        hp = HostPort.parse(client_listen, "[client] listen")
+        if not _is_loopback(hp.host):
+            raise ConfigError(
+                f"[client] listen = {client_listen!r}: the client API binds to loopback only "
+                "(127.0.0.1:PORT) or a unix socket (unix:/run/frenzy/client.sock)"
+            )
+    client = ClientSection(listen=client_listen)
+
+    web = WebSection(
+        listen=HostPort.parse(tables["web"].str_("listen", "127.0.0.1:7480") or "", "[web] listen")
+    )
+
+    devices = _devices(raw.get("devices", []))
+
+    t = tables["timing"]
+    hb = t.float_("heartbeat_s", 1.0)
+    pt = t.float_("peer_timeout_s", 4.0)
+    if pt < 2 * hb:
+        raise ConfigError(
+            f"[timing] peer_timeout_s = {pt} must be at least twice heartbeat_s = {hb}, "
+            "or one late heartbeat declares a live peer dead"
+        )
+    timing = TimingSection(
+        heartbeat_s=hb,
+        peer_timeout_s=pt,
+        election_grace_s=t.float_("election_grace_s", pt, open_lo=False),
+        request_timeout_s=t.float_("request_timeout_s", 5.0),
+        shutdown_deadline_s=t.float_("shutdown_deadline_s", 10.0),
+        inventory_refresh_s=t.float_("inventory_refresh_s", 2.0),
+    )
+
+    la = tables["launcher"]
+    ports = la.table.get("rendezvous_ports", [29400, 29499])
+    if (
+        not isinstance(ports, list)
+        or len(ports) != 2
+        or not all(isinstance(p, int) and not isinstance(p, bool) and 1024 <= p <= 65535 for p in ports)
+        or ports[0] > ports[1]
+    ):
+        raise ConfigError(
+            f"[launcher] rendezvous_ports = {ports!r}: expected [LOW, HIGH] with "
+            "1024 <= LOW <= HIGH <= 65535, e.g. [29400, 29499]"
+        )
+    launcher = LauncherSection(
+        run_as=la.str_("run_as"),
+        max_payload_bytes=la.int_("max_payload_bytes", 256 * 1024 * 1024, 1),
+        max_result_bytes=la.int_("max_result_bytes", 64 * 1024 * 1024, 1),
+        rendezvous_ports=(ports[0], ports[1]),
+        term_grace_s=la.float_("term_grace_s", 10.0),
+    )
+
+    o = tables["owner"]
+    owner = OwnerSection(
+        min_free_fraction=o.float_("min_free_fraction", 0.5, 0.0, 1.0, open_lo=False),
+        protect_foreign_processes=o.bool_("protect_foreign_processes", True),
+        vacate_grace_s=o.float_("vacate_grace_s", 30.0),
+    )
+    return Config(
+        node=node,
+        network=network,
+        pool=pool,
+        client=client,
+        web=web,
+        devices=devices,
+        timing=timing,
+        launcher=launcher,
+        owner=owner,
+        source=source,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _devices(value: Any) -> tuple[DeviceDecl, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(
+            "devices must be an array of tables: write [[devices]] with type = ... and count = ..."
+        )
+    out = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"[[devices]] entry {i + 1} must be a table with type and count")
+        s = _Section("devices", entry)
+        typ = s.str_("type", required=True)
+        assert typ is not None
+        count = s.int_("count", 1, 1, 1024)
+        mem: float | None = s.float_("memory_gib", 1.0) if s.has("memory_gib") else None
+        if typ not in GPU_TYPES and mem is None:
+            hint = get_close_matches(typ, list(GPU_TYPES), n=1)
+            raise ConfigError(
+                f"[[devices]] type = {typ!r} is not a canonical GPU type"
+                + (f" (did you mean {hint[0]!r}?)" if hint else f" ({', '.join(GPU_TYPES)})")
+                + "; for another type also give memory_gib"
+            )
+        out.append(DeviceDecl(type=typ, count=count, memory_gib=mem))
+    return tuple(out)
+
+
+CONFIG_REFERENCE: Final = _render_reference()
+"""Markdown table of every key, its default and meaning (for the README)."""

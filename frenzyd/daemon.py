@@ -1,0 +1,291 @@
+"""frenzyd's composition root: builds every part from the config and runs them in one TaskGroup.
+
+Start-up: credentials, data directory (0700), leftover ranks of a previous run reaped,
+GPU inventory (NVML, else the declared simulated devices), the peer network (mutual TLS,
+heartbeats, election), discovery, the orchestrator, the local client API and the web page.
+Shutdown (``stop`` set, e.g. by SIGTERM): the orchestrator vacates this node's ranks and
+reports them, then the servers close; everything within ``timing.shutdown_deadline_s``,
+after which what is left is cancelled.  Identity (credentials), the highest election term,
+job records and logs persist in the data directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from frenzyd import auth
+from frenzyd import launcher as launcher_mod
+from frenzyd.client_api import ClientApi
+from frenzyd.config import Config
+from frenzyd.election import Change, ElectionState
+from frenzyd.errors import ConfigError, FrenzyError
+from frenzyd.inventory import GpuInfo, Inventory, open_backend
+from frenzyd.launcher import Launcher, RankSpec
+from frenzyd.metrics import MetricsRegistry
+from frenzyd.orchestrator import SIGNED_KINDS, ClusterView, Orchestrator, Versions
+from frenzyd.peers import PeerNetwork
+from frenzyd.state import PeerState, build_status
+from frenzyd.web import WebServer, build_web_app
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "daemon-state.json"
+
+
+def torch_version() -> str:
+    """The installed torch version, read from package metadata (the daemon never imports torch)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def python_version() -> str:
+    return ".".join(str(v) for v in sys.version_info[:3])
+
+
+class Daemon:
+    """One frenzyd: call ``await Daemon(config).run(stop)``."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = config.node.data_dir
+        self.creds = auth.load_credentials(config.pool.credentials)
+        if self.creds.node_name != config.node.name:
+            raise ConfigError(
+                f"[node] name = {config.node.name!r} but the credentials in {config.pool.credentials} "
+                f"belong to {self.creds.node_name!r}: enrol this name with `frenzy-client pool add-node` "
+                "or fix the name"
+            )
+        self.node_id = self.creds.node_id
+        self.started = time.monotonic()
+        self.metrics = MetricsRegistry()
+        self.launcher: Launcher | None = None
+        self.inventory: Inventory | None = None
+        self.net: PeerNetwork | None = None
+        self.orch: Orchestrator | None = None
+        self.client_api: ClientApi | None = None
+        self.web: WebServer | None = None
+        self.ready = asyncio.Event()
+
+    # --- persisted daemon state (highest term) ------------------------------------------------
+
+    def _load_term(self) -> int:
+        try:
+            data = json.loads((self.data_dir / STATE_FILE).read_text())
+            return max(0, int(data.get("term", 0)))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+
+    def _save_term(self, term: int) -> None:
+        path = self.data_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"term": term, "node_id": self.node_id}))
+        os.replace(tmp, path)
+
+    # --- views over the parts -----------------------------------------------------------------
+
+    def _gpus(self) -> list[dict[str, Any]]:
+        assert self.inventory is not None
+        gpus = self.inventory.last
+        owner = self.config.owner
+        offered = {g.uuid for g in self.inventory.offerable(gpus, 0, owner.min_free_fraction)}
+        if not owner.protect_foreign_processes:
+            offered |= {g.uuid for g in gpus}
+        return [_gpu_dict(g, g.uuid in offered) for g in gpus]
+
+    def _self_report(self) -> dict[str, Any]:
+        assert self.orch is not None
+        assert self.net is not None
+        return {**self.orch.report(), "name": self.creds.node_name, "address": self.net.address}
+
+    def view(self) -> ClusterView:
+        """The election's coordinator/term and the live peers' latest reports (this node included)."""
+        assert self.net is not None
+        election = self.net.election
+        peers: dict[str, dict[str, Any]] = {self.node_id: self._self_report()}
+        now = time.monotonic()
+        for rec in self.net.table.records():
+            if rec.node_id != self.node_id and self.net.table.is_alive(rec.node_id, now):
+                peers[rec.node_id] = {**rec.report, "name": rec.name, "address": rec.address}
+        return ClusterView(election.coordinator, election.term, peers)
+
+    def status(self) -> dict[str, Any]:
+        """The status JSON of DESIGN.md §6 (served by the web page and ``frenzy-client status``)."""
+        if self.net is None or self.orch is None:
+            return build_status(node_id=self.node_id, node_name=self.creds.node_name, term=0,
+                                coordinator=None, peers=[], jobs=[])
+        election = self.net.election
+        now = time.monotonic()
+        peers = [PeerState(self.node_id, self.creds.node_name, self.net.address, True, self._self_report())]
+        names = {self.node_id: self.creds.node_name}
+        for rec in self.net.table.records():
+            if rec.node_id == self.node_id:
+                continue
+            names[rec.node_id] = rec.name
+            alive = self.net.table.is_alive(rec.node_id, now)
+            peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, rec.report))
+        coord = election.coordinator
+        return build_status(
+            node_id=self.node_id, node_name=self.creds.node_name, term=election.term,
+            coordinator=None if coord is None else (coord, names.get(coord, coord[:12])),
+            peers=peers, jobs=self.orch.jobs_view(self.view()),
+        )
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then shut down within the configured deadline."""
+        cfg = self.config
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.launcher = Launcher(self.data_dir, cfg.launcher.run_as, cfg.launcher.rendezvous_ports,
+                                 cfg.launcher.term_grace_s)
+        self.launcher.reap_leftovers()
+        self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids)
+        await self.inventory.refresh()
+        term = self._load_term()
+        election = ElectionState(self.node_id, cfg.node.priority, started_at=time.monotonic(),
+                                 grace_s=cfg.timing.election_grace_s, term=term)
+        self.net = PeerNetwork(cfg, self.creds, election, report_provider=self._report,
+                               on_change=self._on_change, on_peer=lambda rec, revived: self._wake())
+        net = self.net
+
+        async def send(node: str, kind: str, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
+            return (await net.send(node, kind, body, limit_s)).body
+
+        async def send_order(node: str, kind: str, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
+            return (await net.send_signed(node, kind, body, limit_s)).body
+
+        self.orch = Orchestrator(
+            node_id=self.node_id, node_name=self.creds.node_name, data_dir=self.data_dir,
+            host=cfg.network.advertise or cfg.network.listen.host, send=send, send_order=send_order,
+            view=self.view, gpus=self._gpus, launcher=self.launcher, rank_spec=RankSpec,
+            pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
+            collect_results=launcher_mod.collect_results,
+            versions=Versions(python_version(), torch_version()),
+            max_payload_bytes=cfg.launcher.max_payload_bytes, max_result_bytes=cfg.launcher.max_result_bytes,
+            heartbeat_s=cfg.timing.heartbeat_s,
+            socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
+        )
+        for kind, handler in self.orch.handlers().items():
+            net.on(kind, handler, signed=kind in SIGNED_KINDS)
+        self.metrics.add_count_source("frenzy_peer_messages_dropped", "Peer frames dropped, by reason",
+                                      "reason", lambda: net.dropped)
+        self.metrics.add_count_source("frenzy_peer_auth_refused", "Peers/orders refused by auth, by reason",
+                                      "reason", lambda: net.auth_refusals)
+        orch_stop = asyncio.Event()
+        discovery: Any = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                await net.start()
+                if cfg.network.mdns:
+                    from frenzyd.discovery import Discovery
+
+                    assert net.port is not None
+                    discovery = Discovery(cfg, self.creds, net.port,
+                                          lambda addr, hints: net.add_address(addr, hints, "mdns"))
+                    await discovery.start()
+                orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
+                inv_task = tg.create_task(self._inventory_loop(), name="inventory")
+                self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status)
+                await self.client_api.start()
+                self.web = WebServer(build_web_app(self.status, self.metrics), cfg.web.listen.host,
+                                     cfg.web.listen.port)
+                await self.web.start()
+                log.info("frenzyd %s (%s) ready: peers %s, client %s, web http://%s:%d/, %d GPU(s)%s",
+                         self.creds.node_name, self.node_id[:12], net.address, self.client_api.address,
+                         cfg.web.listen.host, self.web.port, len(self.inventory.last),
+                         " (simulated)" if self.inventory.simulated else "")
+                self.ready.set()
+                await stop.wait()
+                log.info("stopping (deadline %.0fs)", cfg.timing.shutdown_deadline_s)
+                try:
+                    async with asyncio.timeout(cfg.timing.shutdown_deadline_s):
+                        await self._graceful(orch_stop, orch_task, discovery)
+                except TimeoutError:
+                    log.warning("shutdown deadline passed; cancelling what is left")
+                orch_task.cancel()
+                inv_task.cancel()
+        finally:
+            await self._close(discovery)
+            self._save_term(net.election.term)
+            log.info("stopped")
+
+    async def _graceful(
+        self, orch_stop: asyncio.Event, orch_task: asyncio.Task[None], discovery: Any
+    ) -> None:
+        if self.client_api is not None:
+            await self.client_api.stop()
+        orch_stop.set()
+        await orch_task  # vacates this node's ranks and reports them to their submitters
+        await self._close(discovery)
+
+    async def _close(self, discovery: Any) -> None:
+        steps: list[Callable[[], Awaitable[None]]] = []
+        if self.client_api is not None:
+            steps.append(self.client_api.stop)
+        if self.web is not None:
+            steps.append(self.web.stop)
+        if discovery is not None:
+            steps.append(discovery.stop)
+        if self.net is not None:
+            steps.append(self.net.stop)
+        if self.launcher is not None:
+            steps.append(self.launcher.close)
+        for step in steps:
+            try:
+                await asyncio.wait_for(step(), 5.0)
+            except (TimeoutError, FrenzyError, OSError) as exc:
+                log.warning("shutdown step %s: %s", getattr(step, "__qualname__", step), exc)
+        self.client_api = self.web = None
+        if self.inventory is not None:
+            with contextlib.suppress(Exception):
+                self.inventory.close()
+
+    async def _inventory_loop(self) -> None:
+        assert self.inventory is not None
+        while True:
+            await asyncio.sleep(self.config.timing.inventory_refresh_s)
+            try:
+                await self.inventory.refresh()
+            except FrenzyError as exc:
+                log.warning("inventory refresh failed: %s", exc)
+                continue
+            if self.orch is not None and self.config.owner.protect_foreign_processes:
+                await self.orch.protect_owner(self._gpus())
+
+    def _report(self) -> dict[str, Any]:
+        assert self.orch is not None
+        return self.orch.report()
+
+    def _on_change(self, change: Change) -> None:
+        with contextlib.suppress(OSError):
+            self._save_term(change.after.term)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.orch is not None:
+            self.orch.wake()
+
+
+def _gpu_dict(g: GpuInfo, offered: bool) -> dict[str, Any]:
+    return {"uuid": g.uuid, "index": g.index, "type": g.type, "memory_bytes": g.memory_bytes,
+            "free_bytes": g.free_bytes, "utilization": g.utilization, "simulated": g.simulated,
+            "offered": offered, "foreign_processes": g.foreign_processes}
+
+
+async def run_daemon(config: Config, stop: asyncio.Event) -> None:
+    """Build a daemon from ``config`` and run it until ``stop`` is set."""
+    await Daemon(config).run(stop)
+
+
+__all__ = ["Daemon", "run_daemon"]

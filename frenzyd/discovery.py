@@ -1,0 +1,214 @@
+"""mDNS discovery: announce this node as ``_frenzy._tcp.local.`` and feed peers' addresses to a callback.
+
+TXT records carry hints only (``id`` node id, ``pool`` pool id = CA fingerprint,
+``api`` peer API port, ``proto`` wire protocol version); mDNS is unauthenticated,
+so a discovered peer is just an address until it proves pool membership over TLS
+(``frenzyd.peers``).  Liveness never comes from here: zeroconf caches records for
+long and does not notice a crashed peer.  Malformed announcements are dropped and
+counted (``dropped`` by reason); the number of services tracked is capped.
+This is the only module that imports zeroconf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import re
+import socket
+from collections import Counter
+from collections.abc import Callable
+
+from zeroconf import (
+    BadTypeInNameException,
+    InterfaceChoice,
+    IPVersion,
+    NonUniqueNameException,
+    ServiceStateChange,
+    Zeroconf,
+)
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from frenzyd import wire
+from frenzyd.auth import Credentials
+from frenzyd.config import Config, interface_ipv4
+from frenzyd.errors import FrenzyError
+
+log = logging.getLogger(__name__)
+
+SERVICE_TYPE = "_frenzy._tcp.local."
+MAX_TRACKED = 512
+"""Cap on services remembered and lookups in flight (an mDNS flood cannot grow memory)."""
+LOOKUP_TIMEOUT_MS = 3000
+
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+OnFound = Callable[[str, dict[str, str]], None]
+
+
+class DiscoveryError(FrenzyError):
+    """mDNS could not start (no usable interface, socket errors)."""
+
+
+def txt_hints(creds: Credentials, port: int) -> dict[str, str]:
+    """The TXT record this node announces (each entry well under 255 bytes)."""
+    return {"id": creds.node_id, "pool": creds.pool_id, "api": str(port), "proto": str(wire.PROTOCOL_VERSION)}
+
+
+def parse_hints(properties: dict[bytes, bytes | None]) -> dict[str, str]:
+    """Validate a TXT record from the network; raise ValueError naming what is wrong."""
+    out: dict[str, str] = {}
+    for k, v in properties.items():
+        if v is None:
+            continue
+        try:
+            out[k.decode("ascii")] = v.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError("non-ASCII TXT entry") from None
+    if not _HEX32.match(out.get("id", "")):
+        raise ValueError("no valid node id")
+    if not _HEX64.match(out.get("pool", "")):
+        raise ValueError("no valid pool id")
+    if not out.get("api", "").isdigit() or not 0 < int(out["api"]) < 65536:
+        raise ValueError("no valid api port")
+    return {k: out[k] for k in ("id", "pool", "api", "proto") if k in out}
+
+
+def _interface_addresses(config: Config) -> list[str]:
+    """IPv4 addresses to bind mDNS to: the configured interfaces (names or literal IPs)."""
+    addrs: list[str] = []
+    for name in config.network.interfaces:
+        try:
+            addrs.append(str(ipaddress.IPv4Address(name)))
+            continue
+        except ValueError:
+            pass
+        addr = interface_ipv4(name)
+        if addr is None:
+            raise DiscoveryError(
+                f"[network] interfaces: {name!r} has no IPv4 address (check `ip addr`, or set mdns = false "
+                "and list static peers)"
+            )
+        addrs.append(addr)
+    return addrs
+
+
+class Discovery:
+    """Announce this node and browse for peers with python-zeroconf (AsyncZeroconf)."""
+
+    def __init__(self, config: Config, creds: Credentials, port: int, on_found: OnFound) -> None:
+        self.config = config
+        self.creds = creds
+        self.port = port
+        self.on_found = on_found
+        self.found: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self._azc: AsyncZeroconf | None = None
+        self._browser: AsyncServiceBrowser | None = None
+        self._info: AsyncServiceInfo | None = None
+        self._announcing: object = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._seen: dict[str, tuple[str, ...]] = {}
+        self.instance_name = f"{creds.node_name[:50]}-{creds.node_id[:8]}.{SERVICE_TYPE}"
+
+    async def start(self) -> None:
+        """Register this node's service and start browsing."""
+        ifaces = _interface_addresses(self.config)
+        try:
+            self._azc = AsyncZeroconf(interfaces=ifaces or InterfaceChoice.All, ip_version=IPVersion.V4Only)
+        except OSError as exc:
+            raise DiscoveryError(f"cannot open mDNS sockets on {ifaces or 'all interfaces'}: {exc}") from exc
+        adv = self.config.network.advertise or "127.0.0.1"
+        addresses = [socket.inet_aton(a) for a in dict.fromkeys([adv, *ifaces]) if _is_ipv4(a)]
+        self._info = AsyncServiceInfo(
+            SERVICE_TYPE,
+            self.instance_name,
+            port=self.port,
+            properties=txt_hints(self.creds, self.port),
+            addresses=addresses,
+            server=f"{self.creds.node_name[:50]}-{self.creds.node_id[:8]}.local.",
+        )
+        try:
+            # The returned awaitable finishes when the announcements are sent; zeroconf owns it.
+            self._announcing = await self._azc.async_register_service(self._info, allow_name_change=True)
+        except (NonUniqueNameException, BadTypeInNameException, OSError) as exc:
+            await self._azc.async_close()
+            self._azc = None
+            raise DiscoveryError(f"cannot announce {self.instance_name}: {exc}") from exc
+        self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+        log.info("mDNS: announcing %s on %s", self.instance_name, ifaces or "all interfaces")
+
+    async def stop(self) -> None:
+        """Unregister, stop browsing and close the sockets (idempotent)."""
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._browser is not None:
+            await self._browser.async_cancel()
+            self._browser = None
+        if self._azc is not None:
+            try:
+                await self._azc.async_unregister_all_services()
+            finally:
+                await self._azc.async_close()
+            self._azc = None
+
+    def _on_change(
+        self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
+    ) -> None:
+        # Called by zeroconf on its loop; never raise back into it.
+        if state_change not in (ServiceStateChange.Added, ServiceStateChange.Updated):
+            return
+        if name == self.instance_name:
+            return
+        if len(self._tasks) >= MAX_TRACKED or (name not in self._seen and len(self._seen) >= MAX_TRACKED):
+            self.dropped["too_many"] += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._resolve(zeroconf, service_type, name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, zeroconf: Zeroconf, service_type: str, name: str) -> None:
+        try:
+            info = AsyncServiceInfo(service_type, name)
+            if not await info.async_request(zeroconf, LOOKUP_TIMEOUT_MS):
+                self.dropped["no_answer"] += 1
+                return
+            hints = parse_hints(dict(info.properties or {}))
+            port = info.port
+            addrs = tuple(a for a in info.parsed_addresses(IPVersion.V4Only) if _is_ipv4(a))
+        except ValueError as exc:
+            self.dropped["bad_txt"] += 1
+            log.debug("mDNS: ignoring %s: %s", name, exc)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # zeroconf decode paths: an announcement must not break the browser
+            self.dropped["lookup_failed"] += 1
+            log.debug("mDNS: lookup of %s failed: %s", name, exc)
+            return
+        if hints["id"] == self.creds.node_id:
+            return
+        if not port or not addrs:
+            self.dropped["no_address"] += 1
+            return
+        if self._seen.get(name) == (*addrs, str(port)):
+            return
+        self._seen[name] = (*addrs, str(port))
+        same = hints["pool"] == self.creds.pool_id
+        for a in addrs:
+            self.found["same_pool" if same else "other_pool"] += 1
+            try:
+                self.on_found(f"{a}:{port}", dict(hints))
+            except Exception:
+                log.exception("discovery callback failed for %s", name)
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True

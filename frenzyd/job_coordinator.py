@@ -1,0 +1,236 @@
+"""The coordinator role: soft job table, HAS/MARP placement, leases, term-bound launch orders."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from frenzyd.errors import FrenzyError, LaunchError, LeaseError
+from frenzyd.jobs import (
+    TERMINAL,
+    JobRecord,
+    JobTable,
+    RankAssignment,
+    record_exits,
+    transition,
+)
+from frenzyd.orch_common import (
+    KEEP_FINISHED,
+    LAUNCH_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    ClusterView,
+    RoleBase,
+    host_of,
+    own_codes,
+)
+from frenzyd.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorRole(RoleBase):
+    """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
+
+    def _ensure_table(self, v: ClusterView) -> None:
+        """Start a fresh soft job table when this node becomes coordinator of a new term."""
+        if v.coordinator == self.node_id and self._table_term != v.term:
+            log.info("coordinator for term %d: rebuilding the job view from peers' reports", v.term)
+            self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), v.term
+        elif v.coordinator != self.node_id and self._table_term != -1:
+            log.info("no longer coordinator; dropping the soft job table")
+            self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
+
+    async def _coordinator_tick(self, v: ClusterView) -> None:
+        for rec in self.table.running():
+            gone = [p for p in rec.peers() if p not in v.peers]
+            if gone:
+                log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
+                            rec.id, gone[0][:12])
+                self.table.update(transition(rec, "queued", now=self.clock(),
+                                             message=f"peer {gone[0][:12]} lost"))
+                self._unreserve(rec.id)
+                await self._stop_everywhere(rec, v.term)
+        self.table.forget_finished(KEEP_FINISHED)
+        queue = [QueuedJob(q.id, q.spec, q.created_at)
+                 for q in self.table.queued() if q.id not in self._placing]
+        if not queue:
+            return
+        sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.clock())
+        for job_id, reason in sched.infeasible:
+            cur = self.table.get(job_id)
+            if cur is None or cur.state != "queued":
+                continue
+            failed = transition(cur, "failed", now=self.clock(), message=reason)
+            self.table.update(failed)
+            log.info("job %s cannot run in this pool: %s", job_id, reason)
+            self._spawn(self._tell_submitter(failed), f"tell {job_id}")
+        for job_id, pl in sched.start:
+            cur = self.table.get(job_id)
+            if cur is None or cur.state != "queued" or job_id in self._placing:
+                continue
+            self._placing.add(job_id)
+            for r in pl.ranks:
+                self._reserved[r.gpu] = job_id
+            self._spawn(self._start(cur, pl, v), f"start {job_id}")
+
+    def _offers(self, v: ClusterView) -> list[PeerOffer]:
+        offers = []
+        for nid, rep in sorted(v.peers.items()):
+            gpus = []
+            for g in rep.get("gpus") or ():
+                try:
+                    gpus.append(OfferedGpu(
+                        uuid=str(g["uuid"]), index=int(g["index"]), type=str(g["type"]),
+                        memory_bytes=int(g["memory_bytes"]), free_bytes=int(g["free_bytes"]),
+                        simulated=bool(g.get("simulated")),
+                        available=bool(g.get("offered")) and g.get("leased_to") is None
+                        and str(g["uuid"]) not in self._reserved,
+                    ))
+                except (KeyError, TypeError, ValueError):
+                    continue
+            offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
+                                    str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus)))
+        return offers
+
+    def _unreserve(self, job_id: str) -> None:
+        for g in [g for g, j in self._reserved.items() if j == job_id]:
+            del self._reserved[g]
+
+    async def _start(self, rec: JobRecord, pl: Placement, v: ClusterView) -> None:
+        """Lease on every chosen peer, launch rank 0's peer (store), then the others."""
+        term = v.term
+        by_peer: dict[str, list[RankAssignment]] = {}
+        for r in pl.ranks:
+            by_peer.setdefault(r.peer, []).append(r)
+        granted: list[str] = []
+        launched: list[str] = []
+        try:
+            for peer, ranks in by_peer.items():
+                reply = await self._send(peer, "lease.request",
+                                         {"job_id": rec.id, "gpus": [r.gpu for r in ranks], "term": term},
+                                         SEND_TIMEOUT_S)
+                if not reply.get("ok"):
+                    raise LeaseError(f"peer {peer[:12]} refused the lease: {reply.get('reason', '?')}")
+                granted.append(peer)
+            running = transition(rec, "running", now=self.clock(), plan={**pl.plan, "backend": pl.backend},
+                                 ranks=pl.ranks, term=term, message="placed")
+            rank0 = pl.ranks[0].peer
+            host0 = host_of(str(v.peers.get(rank0, {}).get("address", "")))
+            order = {"job_id": rec.id, "term": term, "record": running.to_dict(), "master_addr": host0,
+                     "master_port": 0, "start_store": True, "backend": pl.backend}
+            reply = await self._send_order(rank0, "job.launch", order, LAUNCH_TIMEOUT_S)
+            launched.append(rank0)
+            if not reply.get("ok"):
+                raise LaunchError(f"peer {rank0[:12]} refused the launch: {reply.get('reason', '?')}")
+            order.update(master_port=int(reply["master_port"]), start_store=False)
+            others = [p for p in by_peer if p != rank0]
+            replies = await asyncio.gather(
+                *(self._send_order(p, "job.launch", order, LAUNCH_TIMEOUT_S) for p in others),
+                return_exceptions=True,
+            )
+            launched.extend(others)
+            for p, rep in zip(others, replies, strict=True):
+                if isinstance(rep, BaseException):
+                    raise LaunchError(f"peer {p[:12]} did not take the launch: {rep}")
+                if not rep.get("ok"):
+                    raise LaunchError(f"peer {p[:12]} refused the launch: {rep.get('reason')}")
+            current = self.table.get(rec.id)
+            if current is not None and current.state == "queued":
+                self.table.update(running)
+                log.info("job %s placed on %s (term %d)", rec.id,
+                         ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
+                state = await self._tell_submitter(running)
+                if state in TERMINAL:  # the submitter finished it meanwhile (cancelled): undo
+                    self.table.update(transition(running, "cancelled", now=self.clock(),
+                                                 message=f"submitter says {state}"))
+                    await self._stop_everywhere(running, term)
+            else:  # cancelled while we were launching
+                await self._stop_everywhere(running, term)
+        except (FrenzyError, OSError) as exc:
+            log.warning("job %s: placement failed (%s); it stays queued", rec.id, exc)
+            stub = transition(rec, "running", now=self.clock(), ranks=pl.ranks, term=term)
+            if launched:
+                await self._stop_everywhere(stub, term, only=launched)
+            for peer in granted:
+                with contextlib.suppress(FrenzyError, OSError):
+                    await self._send(peer, "lease.release", {"job_id": rec.id, "term": term}, SEND_TIMEOUT_S)
+            self._unreserve(rec.id)
+        finally:
+            self._placing.discard(rec.id)
+
+    async def _tell_submitter(self, rec: JobRecord) -> str | None:
+        """Send the job's new state to its submitter; return the submitter's state (None: unreachable)."""
+        for attempt in range(5):
+            try:
+                reply = await self._send(rec.submitter, "job.state", {"record": rec.to_dict()},
+                                         SEND_TIMEOUT_S)
+            except FrenzyError as exc:
+                log.info("job %s: submitter unreachable (%s), retry %d", rec.id, exc, attempt + 1)
+                await asyncio.sleep(self.heartbeat_s)
+            else:
+                state = reply.get("state")
+                return state if isinstance(state, str) else None
+        return None
+
+    async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None) -> None:
+        for peer in only if only is not None else rec.peers():
+            try:
+                await self._send_order(peer, "job.stop", {"job_id": rec.id, "term": term}, SEND_TIMEOUT_S)
+            except (FrenzyError, OSError) as exc:
+                log.info("job %s: stop order to %s failed: %s", rec.id, peer[:12], exc)
+
+    async def _h_submit(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
+        v = self._view()
+        if v.coordinator != self.node_id:
+            return {"ok": False, "reason": "not the coordinator"}
+        self._ensure_table(v)
+        theirs = JobRecord.from_dict(body["record"])
+        if theirs.submitter != peer:
+            return {"ok": False, "reason": "a job can only be submitted by its submitter"}
+        known = self.table.get(theirs.id)
+        if known is None:
+            if theirs.state == "queued":
+                self.table.submit(theirs)
+            elif theirs.state == "running":
+                self.table.adopt(theirs)
+        elif known.state == "running" and theirs.state == "queued" and theirs.attempts >= known.attempts:
+            self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
+            self._unreserve(theirs.id)
+            await self._stop_everywhere(known, v.term)
+        self.wake()
+        return {"ok": True}
+
+    async def _h_cancel(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
+        rec = self.table.get(body["job_id"])
+        if rec is None:
+            return {"ok": True, "state": "unknown"}
+        if rec.submitter != peer:
+            return {"ok": False, "reason": "only the submitter can cancel a job"}
+        if rec.terminal:
+            return {"ok": True, "state": rec.state}
+        self.table.update(transition(rec, "cancelled", now=self.clock(), message="cancelled by user"))
+        if rec.state == "running":
+            await self._stop_everywhere(rec, self._view().term)
+        self._unreserve(rec.id)
+        self.wake()
+        return {"ok": True, "state": "cancelled"}
+
+    async def _coordinator_exit(self, peer: str, body: dict[str, Any], raw: dict[int, int]) -> None:
+        job_id = body["job_id"]
+        known = self.table.get(job_id)
+        current = known is not None and known.state == "running" and known.term == body["term"]
+        if known is not None and current and body.get("vacated"):
+            self.table.update(transition(known, "queued", now=self.clock(),
+                                         message=f"peer {peer[:12]} stopped while running ranks"))
+            self._unreserve(job_id)
+            others = [p for p in known.peers() if p != peer]
+            await self._stop_everywhere(known, self._view().term, only=others)
+            self.wake()
+        elif known is not None and current:
+            done = record_exits(known, own_codes(raw, known, peer), now=self.clock())
+            self.table.update(done)
+            if done.terminal:
+                self._unreserve(job_id)
+                self.wake()

@@ -1,0 +1,189 @@
+"""The submitter's durable job records, payloads, output logs and results in ``data_dir/jobs``.
+
+Layout per job ``data_dir/jobs/<id>/``: ``record.json`` (the authoritative ``JobRecord``,
+replaced atomically), ``payload.bin`` (the packed job directory), ``output.ndjson`` (one
+event per line: ``{"seq", "t", "rank", "stream", "data"}``), ``results.bin`` (rank 0's output
+files as packed by the launcher).  Live followers get the same events through queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from frenzyd.errors import JobStateError, WireError
+from frenzyd.jobs import JobRecord, valid_job_id
+
+log = logging.getLogger(__name__)
+
+FOLLOW_QUEUE = 10_000
+"""Events buffered per live follower; a follower that falls this far behind is cut off."""
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class JobStore:
+    """Records and logs of the jobs this node submitted; survives restarts."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "jobs"
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._records: dict[str, JobRecord] = {}
+        self._seq: dict[str, int] = {}
+        self._followers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+        self._load()
+
+    def _load(self) -> None:
+        for d in sorted(self.root.iterdir()):
+            f = d / "record.json"
+            if not f.is_file():
+                continue
+            try:
+                rec = JobRecord.from_dict(json.loads(f.read_text()))
+            except (OSError, ValueError, WireError) as exc:
+                log.warning("ignoring unreadable job record %s: %s", f, exc)
+                continue
+            self._records[rec.id] = rec
+            self._seq[rec.id] = self._count_lines(d / "output.ndjson")
+
+    @staticmethod
+    def _count_lines(path: Path) -> int:
+        try:
+            with open(path, "rb") as f:
+                return sum(1 for _ in f)
+        except FileNotFoundError:
+            return 0
+
+    def dir(self, job_id: str) -> Path:
+        if not valid_job_id(job_id):
+            raise JobStateError(f"bad job id {job_id!r}")
+        return self.root / job_id
+
+    def get(self, job_id: str) -> JobRecord:
+        """The record of a job submitted here; ``JobStateError`` when unknown."""
+        rec = self._records.get(job_id)
+        if rec is None:
+            raise JobStateError(f"no job {job_id!r} was submitted on this node (see 'frenzy-client jobs')")
+        return rec
+
+    def find(self, job_id: str) -> JobRecord | None:
+        return self._records.get(job_id)
+
+    def all(self) -> list[JobRecord]:
+        return sorted(self._records.values(), key=lambda r: (r.created_at, r.id))
+
+    def create(self, rec: JobRecord, payload: bytes) -> None:
+        """Persist a new job and its payload."""
+        d = self.dir(rec.id)
+        d.mkdir(mode=0o700)
+        _atomic_write(d / "payload.bin", payload)
+        self._seq[rec.id] = 0
+        self.save(rec)
+
+    def save(self, rec: JobRecord) -> None:
+        """Replace the job's record on disk and tell followers when its state changed."""
+        old = self._records.get(rec.id)
+        self._records[rec.id] = rec
+        _atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
+        if old is None or old.state != rec.state or old.ranks != rec.ranks:
+            self._publish(rec.id, {"type": "state", "job": rec.summary()})
+        if rec.terminal:
+            self._publish(rec.id, None)
+
+    def payload(self, job_id: str, offset: int, length: int) -> tuple[bytes, int]:
+        """A slice of the job's payload and the payload's total size."""
+        path = self.dir(job_id) / "payload.bin"
+        try:
+            with open(path, "rb") as f:
+                total = os.fstat(f.fileno()).st_size
+                f.seek(offset)
+                return f.read(length), total
+        except FileNotFoundError:
+            raise JobStateError(f"job {job_id} has no payload here") from None
+
+    def append_output(self, job_id: str, rank: int, stream: str, data: bytes, now: float) -> None:
+        """Append one output chunk of a rank to the job's log and to live followers."""
+        seq = self._seq.get(job_id, 0) + 1
+        self._seq[job_id] = seq
+        ev = {"seq": seq, "t": now, "rank": rank, "stream": stream,
+              "data": data.decode("utf-8", errors="replace")}
+        with open(self.dir(job_id) / "output.ndjson", "a", encoding="utf-8") as f:
+            f.write(json.dumps(ev) + "\n")
+        self._publish(job_id, {"type": "output", **ev})
+
+    def read_output(self, job_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        """Logged output events with ``seq > after_seq``."""
+        self.get(job_id)
+        out = []
+        try:
+            with open(self.dir(job_id) / "output.ndjson", encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    if ev.get("seq", 0) > after_seq:
+                        out.append({"type": "output", **ev})
+        except FileNotFoundError:
+            pass
+        return out
+
+    def write_results(self, job_id: str, data: bytes) -> None:
+        _atomic_write(self.dir(job_id) / "results.bin", data)
+
+    def results(self, job_id: str) -> bytes | None:
+        self.get(job_id)
+        try:
+            return (self.dir(job_id) / "results.bin").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _publish(self, job_id: str, ev: dict[str, Any] | None) -> None:
+        for q in list(self._followers.get(job_id, ())):
+            try:
+                q.put_nowait(ev)
+            except asyncio.QueueFull:
+                self._followers[job_id].discard(q)
+                with contextlib.suppress(asyncio.QueueFull):
+                    q.get_nowait()
+                    q.put_nowait(None)
+
+    async def follow(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The job's state and every output event from the start, then live ones until it ends."""
+        rec = self.get(job_id)
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(FOLLOW_QUEUE)
+        self._followers.setdefault(job_id, set()).add(q)
+        try:
+            yield {"type": "state", "job": rec.summary()}
+            last = 0
+            for ev in self.read_output(job_id):
+                last = ev["seq"]
+                yield ev
+            if self.get(job_id).terminal:
+                yield {"type": "state", "job": self.get(job_id).summary()}
+                return
+            while True:
+                live = await q.get()
+                if live is None:
+                    yield {"type": "state", "job": self.get(job_id).summary()}
+                    return
+                if live["type"] == "output":
+                    if live["seq"] <= last:
+                        continue
+                    last = live["seq"]
+                yield live
+        finally:
+            self._followers.get(job_id, set()).discard(q)

@@ -1,0 +1,556 @@
+"""Job values and their lifecycle: specs, records, the coordinator's soft job table, GPU leases.
+
+Pure: no clocks (``now`` is passed in), no I/O.  Three state holders live here:
+
+* ``JobRecord`` + ``transition`` -- one job's lifecycle
+  (queued -> running -> succeeded | failed | cancelled, running -> queued on requeue).
+  The submitting daemon keeps the authoritative record.
+* ``JobTable`` -- the coordinator's soft view of all jobs (rebuilt from peers' reports).
+* ``LeaseTable`` -- one daemon's authority over its own GPUs: a GPU is leased to at most one
+  job at a time and orders carrying a term older than the highest seen are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast
+
+from frenzyd.errors import ConfigError, JobStateError, LeaseError, WireError
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JOB_STATES: tuple[JobState, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL: frozenset[JobState] = frozenset({"succeeded", "failed", "cancelled"})
+
+_ALLOWED: dict[JobState, frozenset[JobState]] = {
+    "queued": frozenset({"running", "failed", "cancelled"}),
+    "running": frozenset({"queued", "succeeded", "failed", "cancelled"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+
+MAX_ATTEMPTS = 3
+"""A job requeued this many times (peer lost, owner reclaimed its GPU) is failed instead."""
+
+MAX_NPROC = 1024
+MAX_ARGV = 256
+MAX_ARG_LEN = 4096
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def valid_job_id(job_id: str) -> bool:
+    """True when ``job_id`` is safe to use as a file name and in URLs."""
+    return bool(_JOB_ID_RE.match(job_id))
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What the client submits: the command, its packed directory, and what it needs.
+
+    Either ``model`` (a MARP preset name, or ``model_config`` an HF config dict) with the
+    training setup, or ``nproc`` ranks of ``mem_per_rank`` bytes each.  ``argv[0]`` is the
+    script, relative to the packed directory; the ranks run ``python argv...``.
+    """
+
+    argv: tuple[str, ...]
+    payload_sha256: str
+    payload_size: int
+    python_version: str
+    torch_version: str
+    name: str = ""
+    model: str | None = None
+    model_config: dict[str, Any] | None = None
+    seq_len: int | None = None
+    micro_batch: int = 1
+    global_batch: int | None = None
+    dtype: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    zero: int = 0
+    nproc: int | None = None
+    mem_per_rank: int | None = None
+
+    def validate(self) -> JobSpec:
+        """Check the spec; raise ``ConfigError`` saying what to change.  Returns self."""
+        if not self.argv:
+            raise ConfigError("no command: give the script after '--', e.g. 'frenzy-client run -- train.py'")
+        if len(self.argv) > MAX_ARGV or any(len(a) > MAX_ARG_LEN for a in self.argv):
+            raise ConfigError(f"command too long: at most {MAX_ARGV} arguments of {MAX_ARG_LEN} characters")
+        if not _SHA256_RE.match(self.payload_sha256):
+            raise ConfigError("payload hash must be 64 lowercase hex digits (sha256)")
+        if self.payload_size < 0:
+            raise ConfigError("payload size must be >= 0")
+        has_model = self.model is not None or self.model_config is not None
+        if has_model:
+            if self.seq_len is None or self.seq_len <= 0:
+                raise ConfigError("a job with --model needs --seq-len S (a positive token count)")
+            if self.micro_batch <= 0:
+                raise ConfigError("--micro-batch must be positive")
+            if self.global_batch is not None and self.global_batch % self.micro_batch:
+                raise ConfigError("--global-batch must be a multiple of --micro-batch")
+        elif self.nproc is None or self.mem_per_rank is None:
+            raise ConfigError(
+                "a job without --model must say how many ranks and how much memory each needs: "
+                "add --nproc N --mem-per-rank BYTES (e.g. --nproc 2 --mem-per-rank 2GiB)"
+            )
+        if self.nproc is not None and not 1 <= self.nproc <= MAX_NPROC:
+            raise ConfigError(f"--nproc must be between 1 and {MAX_NPROC}")
+        if self.mem_per_rank is not None and self.mem_per_rank <= 0:
+            raise ConfigError("--mem-per-rank must be positive (e.g. 512MiB, 4GiB)")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError("--zero must be 0, 1, 2 or 3")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for the wire and the record file."""
+        return {
+            "argv": list(self.argv),
+            "payload_sha256": self.payload_sha256,
+            "payload_size": self.payload_size,
+            "python_version": self.python_version,
+            "torch_version": self.torch_version,
+            "name": self.name,
+            "model": self.model,
+            "model_config": self.model_config,
+            "seq_len": self.seq_len,
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "dtype": self.dtype,
+            "optimizer": self.optimizer,
+            "recompute": self.recompute,
+            "zero": self.zero,
+            "nproc": self.nproc,
+            "mem_per_rank": self.mem_per_rank,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
+        """Build and validate a spec from untrusted data; raise ``WireError`` on wrong types."""
+        try:
+            argv = d["argv"]
+            if not isinstance(argv, list | tuple) or not all(isinstance(a, str) for a in argv):
+                raise WireError("job spec: argv must be a list of strings")
+            model_config = d.get("model_config")
+            if model_config is not None and not isinstance(model_config, dict):
+                raise WireError("job spec: model_config must be a mapping")
+            spec = cls(
+                argv=tuple(argv),
+                payload_sha256=_typed(d, "payload_sha256", str),
+                payload_size=_typed(d, "payload_size", int),
+                python_version=_typed(d, "python_version", str),
+                torch_version=_typed(d, "torch_version", str),
+                name=_opt(d, "name", str) or "",
+                model=_opt(d, "model", str),
+                model_config=model_config,
+                seq_len=_opt(d, "seq_len", int),
+                micro_batch=_opt(d, "micro_batch", int) or 1,
+                global_batch=_opt(d, "global_batch", int),
+                dtype=_opt(d, "dtype", str) or "bf16-mixed",
+                optimizer=_opt(d, "optimizer", str) or "adamw",
+                recompute=_opt(d, "recompute", str) or "none",
+                zero=_opt(d, "zero", int) or 0,
+                nproc=_opt(d, "nproc", int),
+                mem_per_rank=_opt(d, "mem_per_rank", int),
+            )
+        except KeyError as exc:
+            raise WireError(f"job spec: missing key {exc.args[0]!r}") from None
+        try:
+            return spec.validate()
+        except ConfigError as exc:
+            raise WireError(f"job spec: {exc}") from None
+
+
+def _typed(d: Mapping[str, Any], key: str, typ: type) -> Any:
+    v = d[key]
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise WireError(f"job spec: {key} must be {typ.__name__}")
+    return v
+
+
+def _opt(d: Mapping[str, Any], key: str, typ: type) -> Any:
+    if d.get(key) is None:
+        return None
+    return _typed(d, key, typ)
+
+
+@dataclass(frozen=True, slots=True)
+class RankAssignment:
+    """One rank of a placed job: which peer and which GPU (by uuid and local index) runs it."""
+
+    rank: int
+    peer: str
+    peer_name: str
+    gpu: str
+    gpu_index: int
+    local_rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "peer": self.peer,
+            "peer_name": self.peer_name,
+            "gpu": self.gpu,
+            "gpu_index": self.gpu_index,
+            "local_rank": self.local_rank,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RankAssignment:
+        try:
+            return cls(
+                rank=int(d["rank"]),
+                peer=str(d["peer"]),
+                peer_name=str(d.get("peer_name", "")),
+                gpu=str(d["gpu"]),
+                gpu_index=int(d["gpu_index"]),
+                local_rank=int(d["local_rank"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"rank assignment: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as its submitter (authoritative) or the coordinator (soft) sees it."""
+
+    id: str
+    spec: JobSpec
+    submitter: str
+    submitter_name: str
+    created_at: float
+    state: JobState = "queued"
+    updated_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    term: int = 0
+    """Term of the coordinator that placed the current attempt (0 while queued)."""
+    plan: dict[str, Any] | None = None
+    ranks: tuple[RankAssignment, ...] = ()
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def peers(self) -> tuple[str, ...]:
+        """The peers running this attempt's ranks, in rank order of first appearance."""
+        seen: dict[str, None] = {}
+        for r in self.ranks:
+            seen.setdefault(r.peer, None)
+        return tuple(seen)
+
+    def summary(self) -> dict[str, Any]:
+        """The job entry of the status JSON (DESIGN.md §6), plus a few extras."""
+        return {
+            "id": self.id,
+            "name": self.spec.name,
+            "state": self.state,
+            "submitter": self.submitter,
+            "submitter_name": self.submitter_name,
+            "plan": self.plan,
+            "ranks": [{"rank": r.rank, "peer": r.peer, "gpu": r.gpu} for r in self.ranks],
+            "attempts": self.attempts,
+            "term": self.term,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "message": self.message,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for the record file and the wire."""
+        return {
+            "id": self.id,
+            "spec": self.spec.to_dict(),
+            "submitter": self.submitter,
+            "submitter_name": self.submitter_name,
+            "created_at": self.created_at,
+            "state": self.state,
+            "updated_at": self.updated_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "attempts": self.attempts,
+            "term": self.term,
+            "plan": self.plan,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobRecord:
+        """Parse a record (file or wire); raise ``WireError`` when it is malformed."""
+        try:
+            state = d["state"]
+            if state not in JOB_STATES:
+                raise WireError(f"job record: unknown state {state!r}")
+            job_id = str(d["id"])
+            if not valid_job_id(job_id):
+                raise WireError(f"job record: bad job id {job_id!r}")
+            plan = d.get("plan")
+            if plan is not None and not isinstance(plan, dict):
+                raise WireError("job record: plan must be a mapping")
+            return cls(
+                id=job_id,
+                spec=JobSpec.from_dict(d["spec"]),
+                submitter=str(d["submitter"]),
+                submitter_name=str(d.get("submitter_name", "")),
+                created_at=float(d["created_at"]),
+                state=cast(JobState, state),
+                updated_at=float(d.get("updated_at") or 0.0),
+                started_at=None if d.get("started_at") is None else float(d["started_at"]),
+                finished_at=None if d.get("finished_at") is None else float(d["finished_at"]),
+                attempts=int(d.get("attempts") or 0),
+                term=int(d.get("term") or 0),
+                plan=plan,
+                ranks=tuple(RankAssignment.from_dict(r) for r in d.get("ranks") or ()),
+                exit_codes={int(k): int(v) for k, v in (d.get("exit_codes") or {}).items()},
+                message=str(d.get("message") or ""),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WireError(f"job record: {exc!r}") from None
+
+
+def new_record(job_id: str, spec: JobSpec, submitter: str, submitter_name: str, now: float) -> JobRecord:
+    """A fresh queued record; raises ``ConfigError`` for a bad id or spec."""
+    if not valid_job_id(job_id):
+        raise ConfigError(f"bad job id {job_id!r}: letters, digits, '.', '_' and '-' only")
+    spec.validate()
+    return JobRecord(job_id, spec, submitter, submitter_name, created_at=now, updated_at=now)
+
+
+def transition(
+    rec: JobRecord,
+    to: JobState,
+    *,
+    now: float,
+    message: str = "",
+    plan: dict[str, Any] | None = None,
+    ranks: Iterable[RankAssignment] = (),
+    term: int = 0,
+) -> JobRecord:
+    """Move ``rec`` to state ``to``; raise ``JobStateError`` for a move the lifecycle forbids.
+
+    ``running`` needs the placement (``plan``, ``ranks``, ``term``) and starts a new attempt.
+    ``queued`` (from running) is a requeue: the placement is dropped; past ``MAX_ATTEMPTS``
+    the job fails instead.  Terminal states are final.
+    """
+    if to not in _ALLOWED[rec.state]:
+        raise JobStateError(f"job {rec.id}: cannot go from {rec.state} to {to}")
+    if to == "running":
+        ranks_t = tuple(sorted(ranks, key=lambda r: r.rank))
+        if not ranks_t or [r.rank for r in ranks_t] != list(range(len(ranks_t))):
+            raise JobStateError(f"job {rec.id}: a running job needs ranks 0..N-1")
+        return replace(
+            rec, state="running", updated_at=now, started_at=now, plan=plan, ranks=ranks_t,
+            term=term, exit_codes={}, attempts=rec.attempts + 1, message=message,
+        )
+    if to == "queued":
+        if rec.attempts >= MAX_ATTEMPTS:
+            return replace(
+                rec, state="failed", updated_at=now, finished_at=now,
+                message=f"gave up after {rec.attempts} attempts: {message}",
+            )
+        return replace(rec, state="queued", updated_at=now, plan=None, ranks=(), term=0,
+                       exit_codes={}, message=message)
+    return replace(rec, state=to, updated_at=now, finished_at=now, message=message or rec.message)
+
+
+def record_exits(rec: JobRecord, codes: Mapping[int, int], *, now: float) -> JobRecord:
+    """Add rank exit codes of the current attempt; finish the job once every rank has exited.
+
+    All zero -> succeeded; any non-zero -> failed (the message names the first failed rank).
+    Codes for ranks outside the attempt are ignored; a job not running is returned unchanged.
+    """
+    if rec.state != "running":
+        return rec
+    merged = dict(rec.exit_codes)
+    for rank, code in codes.items():
+        if 0 <= rank < rec.world_size:
+            merged[rank] = code
+    rec = replace(rec, exit_codes=merged, updated_at=now)
+    if len(merged) < rec.world_size:
+        return rec
+    bad = sorted(r for r, c in merged.items() if c != 0)
+    if not bad:
+        return transition(rec, "succeeded", now=now, message="all ranks exited 0")
+    return transition(rec, "failed", now=now, message=f"rank {bad[0]} exited {merged[bad[0]]}")
+
+
+class JobTable:
+    """The coordinator's soft job table: records by id, queue in submission order.
+
+    Soft state: a new coordinator fills it from submitters' resubmissions and peers' lease
+    reports.  Submissions are idempotent by id.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobRecord] = {}
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self._jobs.get(job_id)
+
+    def all(self) -> list[JobRecord]:
+        return sorted(self._jobs.values(), key=lambda r: (r.created_at, r.id))
+
+    def submit(self, rec: JobRecord) -> JobRecord:
+        """Add a queued job; a known id keeps the table's record (returned)."""
+        known = self._jobs.get(rec.id)
+        if known is not None:
+            return known
+        if rec.state != "queued":
+            raise JobStateError(f"job {rec.id}: only queued jobs can be submitted (is {rec.state})")
+        self._jobs[rec.id] = rec
+        return rec
+
+    def adopt(self, rec: JobRecord) -> None:
+        """Take a job as a peer reports it (a new coordinator rebuilding its view)."""
+        known = self._jobs.get(rec.id)
+        if known is None or (not known.terminal and rec.updated_at >= known.updated_at):
+            self._jobs[rec.id] = rec
+
+    def queued(self) -> list[JobRecord]:
+        """Queued jobs, oldest first (FIFO order for placement; HAS may reorder)."""
+        return [r for r in self.all() if r.state == "queued"]
+
+    def running(self) -> list[JobRecord]:
+        return [r for r in self.all() if r.state == "running"]
+
+    def update(self, rec: JobRecord) -> None:
+        """Store a record produced by ``transition`` for a known job."""
+        if rec.id not in self._jobs:
+            raise JobStateError(f"job {rec.id} is not in the table")
+        self._jobs[rec.id] = rec
+
+    def forget_finished(self, keep: int) -> None:
+        """Drop the oldest terminal jobs beyond ``keep`` (bounded memory)."""
+        done = [r for r in self.all() if r.terminal]
+        for r in done[: max(0, len(done) - keep)]:
+            del self._jobs[r.id]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """GPUs of this node promised to one job by the coordinator of ``term``."""
+
+    job_id: str
+    gpus: tuple[str, ...]
+    term: int
+    coordinator: str
+    granted_at: float
+    launched: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "gpus": list(self.gpus), "term": self.term,
+                "coordinator": self.coordinator, "launched": self.launched}
+
+
+class LeaseTable:
+    """A daemon's authority over its own GPUs.
+
+    Invariants: a GPU is in at most one lease; a grant or order with a term lower than the
+    highest term seen is refused (a deposed coordinator cannot start anything).
+    """
+
+    def __init__(self) -> None:
+        self._leases: dict[str, Lease] = {}
+        self.highest_term = 0
+
+    def observe_term(self, term: int) -> None:
+        """Remember a term seen elsewhere (election); orders below it are refused from now on."""
+        self.highest_term = max(self.highest_term, term)
+
+    def leases(self) -> list[Lease]:
+        return sorted(self._leases.values(), key=lambda lease: lease.job_id)
+
+    def get(self, job_id: str) -> Lease | None:
+        return self._leases.get(job_id)
+
+    def holder(self, gpu: str) -> str | None:
+        """The job holding ``gpu``, or None."""
+        for lease in self._leases.values():
+            if gpu in lease.gpus:
+                return lease.job_id
+        return None
+
+    def leased_gpus(self) -> dict[str, str]:
+        """gpu uuid -> job id, for every leased GPU."""
+        return {g: lease.job_id for lease in self._leases.values() for g in lease.gpus}
+
+    def _check_term(self, term: int) -> None:
+        if term < self.highest_term:
+            raise LeaseError(f"stale term {term}: this node has seen term {self.highest_term}")
+
+    def grant(
+        self, job_id: str, gpus: Iterable[str], *, term: int, coordinator: str, now: float,
+        offerable: Iterable[str],
+    ) -> Lease:
+        """Lease ``gpus`` to ``job_id``; raise ``LeaseError`` (stale term, not offered, busy).
+
+        Granting the same GPUs to the same job again is idempotent (the term is refreshed).
+        """
+        gpus_t = tuple(sorted(set(gpus)))
+        if not gpus_t:
+            raise LeaseError("a lease needs at least one GPU")
+        self._check_term(term)
+        offer = set(offerable)
+        known = self._leases.get(job_id)
+        if known is not None:
+            if known.gpus != gpus_t:
+                raise LeaseError(f"job {job_id} already holds other GPUs here: {list(known.gpus)}")
+            self.highest_term = max(self.highest_term, term)
+            lease = replace(known, term=term, coordinator=coordinator)
+            self._leases[job_id] = lease
+            return lease
+        missing = [g for g in gpus_t if g not in offer]
+        if missing:
+            raise LeaseError(f"GPU {missing[0]} is not offered (owner busy, too little free memory, unknown)")
+        taken = self.leased_gpus()
+        busy = [g for g in gpus_t if g in taken]
+        if busy:
+            raise LeaseError(f"GPU {busy[0]} is leased to job {taken[busy[0]]}")
+        self.highest_term = max(self.highest_term, term)
+        lease = Lease(job_id, gpus_t, term, coordinator, now)
+        self._leases[job_id] = lease
+        return lease
+
+    def check_order(self, job_id: str, term: int) -> Lease:
+        """Validate a launch/stop order for ``job_id`` at ``term``; return the lease."""
+        self._check_term(term)
+        lease = self._leases.get(job_id)
+        if lease is None:
+            raise LeaseError(f"no lease here for job {job_id}")
+        if term < lease.term:
+            raise LeaseError(f"stale term {term}: the lease is from term {lease.term}")
+        return lease
+
+    def mark_launched(self, job_id: str) -> None:
+        lease = self._leases.get(job_id)
+        if lease is not None:
+            self._leases[job_id] = replace(lease, launched=True)
+
+    def release(self, job_id: str) -> Lease | None:
+        """Drop the job's lease (its ranks exited or it was cancelled); returns it if held."""
+        return self._leases.pop(job_id, None)
+
+    def expire_unlaunched(self, now: float, ttl_s: float) -> list[Lease]:
+        """Release leases granted more than ``ttl_s`` ago whose launch never came."""
+        stale = [lease for lease in self._leases.values()
+                 if not lease.launched and now - lease.granted_at > ttl_s]
+        for lease in stale:
+            del self._leases[lease.job_id]
+        return stale

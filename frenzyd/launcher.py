@@ -1,0 +1,442 @@
+"""Launcher: runs a job's rank processes with torchrun's environment contract, and moves its files.
+
+Each rank is its own process in its own process group (so cancel kills the
+whole group, TERM then KILL), armed with a parent-death signal (so ranks die with
+the daemon) and recorded in a pid file under ``data_dir/launcher`` (so a
+restarted daemon reaps leftovers).  The rendezvous store of a job runs in a
+child process (:mod:`frenzyd.rendezvous_store`) bound to the pool interface.
+Payloads (the job's directory, rank 0's output files) are gzip'd tars, size-capped
+and hash-checked; unpacking rejects anything but plain files and directories
+inside the destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import io
+import json
+import logging
+import os
+import signal
+import sys
+import tarfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from frenzyd.errors import LaunchError
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[int, str, bytes], Awaitable[None] | None]
+"""``on_output(rank, stream ("stdout" | "stderr"), chunk)``; may be a coroutine function."""
+
+TERM_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL on cancel."""
+
+# Runs in the fresh rank process before the real command: arm the parent-death
+# signal (it survives execve), give up if the daemon already died, then exec.
+_RANK_EXEC = (
+    "import ctypes,os,signal,sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(3)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank to start on this peer.
+
+    ``argv`` is the command as the user gave it after ``run --``: a leading
+    ``*.py`` script runs under this daemon's Python (as torchrun does); anything
+    else is executed as it is.  ``gpu_indices`` are all of the job's GPUs on this
+    peer (they become ``CUDA_VISIBLE_DEVICES``; ``LOCAL_RANK`` indexes them).
+    ``env`` adds variables; the contract variables always win.
+    """
+
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    gpu_indices: tuple[int, ...]
+    argv: list[str]
+    workdir: Path
+    output_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    backend: Literal["gloo", "nccl"] = "gloo"
+    socket_ifname: str | None = None
+
+
+def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a rank: ``base`` (default: this process's), ``spec.env``, then the contract."""
+    env = dict(os.environ if base is None else base)
+    env.update(spec.env)
+    env.update(
+        {
+            "RANK": str(spec.rank),
+            "LOCAL_RANK": str(spec.local_rank),
+            "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "GROUP_RANK": str(spec.rank // max(spec.local_world_size, 1)),
+            "ROLE_RANK": str(spec.rank),
+            "ROLE_WORLD_SIZE": str(spec.world_size),
+            "MASTER_ADDR": spec.master_addr,
+            "MASTER_PORT": str(spec.master_port),
+            # The store runs in the daemon's child, not in rank 0 (torch/distributed/rendezvous.py).
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RUN_ID": spec.job_id,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+            "FRENZY_JOB_ID": spec.job_id,
+            "FRENZY_BACKEND": spec.backend,
+            "FRENZY_OUTPUT_DIR": str(spec.output_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default with several ranks per node
+    if spec.socket_ifname:
+        env["GLOO_SOCKET_IFNAME"] = spec.socket_ifname
+        env["NCCL_SOCKET_IFNAME"] = spec.socket_ifname
+    return env
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks): tells a live pid from a recycled one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _pgid_members(pgids: set[int]) -> set[int]:
+    """Every live pid whose process group is in ``pgids`` (a rank's children included)."""
+    found: set[int] = set()
+    if not pgids:
+        return found
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) in pgids:
+            found.add(int(entry.name))
+    return found
+
+
+class RankHandle:
+    """A started rank: its pid (= its process group id) and a way to wait for its exit code."""
+
+    def __init__(self, spec: RankSpec, proc: asyncio.subprocess.Process, pid_file: Path) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.pid = proc.pid
+        self.pid_file = pid_file
+        self._pumps: list[asyncio.Task[None]] = []
+        self._done = asyncio.Event()
+        self.returncode: int | None = None
+
+    async def wait(self) -> int:
+        """The rank's exit code (negative: killed by that signal), once its output is drained."""
+        code = await self.proc.wait()
+        if self._pumps:
+            await asyncio.gather(*self._pumps, return_exceptions=True)
+        self.returncode = code
+        self.pid_file.unlink(missing_ok=True)
+        self._done.set()
+        return code
+
+    @property
+    def done(self) -> bool:
+        return self.proc.returncode is not None
+
+
+class Launcher:
+    """Starts, watches and stops this peer's rank processes and rendezvous stores."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        run_as: str | None = None,
+        rendezvous_ports: tuple[int, int] = (0, 0),
+        term_grace_s: float = TERM_GRACE_S,
+    ) -> None:
+        self.dir = Path(data_dir) / "launcher"
+        self.pid_dir = self.dir / "pids"
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        self.run_as = run_as
+        self.rendezvous_ports = rendezvous_ports
+        self.term_grace_s = term_grace_s
+        self._ranks: dict[str, list[RankHandle]] = {}
+        self._stores: dict[str, asyncio.subprocess.Process] = {}
+
+    # ---- rendezvous store -------------------------------------------------------------------
+    async def start_store(self, job_id: str, bind_addr: str, start_limit_s: float = 60.0) -> int:
+        """Start the job's rendezvous store listening on ``bind_addr`` only; return its port."""
+        if job_id in self._stores:
+            raise LaunchError(f"job {job_id}: rendezvous store already running")
+        lo, hi = self.rendezvous_ports
+        log_path = self.dir / f"{job_id}.store.log"
+        with log_path.open("wb") as errlog:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
+                "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+                start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
+            )
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), start_limit_s)
+        except TimeoutError:
+            line = b""
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("PORT "):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            detail = text or _tail(log_path) or f"no answer within {start_limit_s:.0f}s"
+            raise LaunchError(
+                f"job {job_id}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
+                "address belongs to this host and [launcher] rendezvous_ports has a free port"
+            )
+        self._stores[job_id] = proc
+        self._write_pid(f"{job_id}.store", proc.pid)
+        return int(text.split()[1])
+
+    async def stop_store(self, job_id: str) -> None:
+        """Close the job's rendezvous store (no-op when none)."""
+        proc = self._stores.pop(job_id, None)
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        (self.pid_dir / f"{job_id}.store.pid").unlink(missing_ok=True)
+        (self.dir / f"{job_id}.store.log").unlink(missing_ok=True)
+
+    # ---- ranks -------------------------------------------------------------------------------
+    async def launch(self, spec: RankSpec, on_output: OutputCallback | None = None) -> RankHandle:
+        """Start one rank; its stdout/stderr go to ``on_output`` chunk by chunk as they come."""
+        if not spec.argv:
+            raise LaunchError(f"job {spec.job_id}: empty command; give a script after `run --`")
+        if not spec.workdir.is_dir():
+            raise LaunchError(f"job {spec.job_id}: workdir {spec.workdir} does not exist")
+        spec.output_dir.mkdir(parents=True, exist_ok=True)
+        argv = list(spec.argv)
+        if argv[0].endswith(".py"):
+            argv.insert(0, sys.executable)
+        kwargs: dict[str, object] = {}
+        if self.run_as:
+            kwargs.update(user=self.run_as, group=None, extra_groups=[])
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _RANK_EXEC, str(os.getpid()), *argv,
+                cwd=str(spec.workdir), env=rank_env(spec), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, **kwargs,  # type: ignore[arg-type]
+            )
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot start {argv[0]!r}: {exc}") from exc
+        pid_file = self._write_pid(f"{spec.job_id}.rank{spec.rank}", proc.pid)
+        handle = RankHandle(spec, proc, pid_file)
+        for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            assert stream is not None
+            handle._pumps.append(asyncio.create_task(_pump(spec.rank, stream_name, stream, on_output)))
+        self._ranks.setdefault(spec.job_id, []).append(handle)
+        log.info("job %s: rank %d started (pid %d)", spec.job_id, spec.rank, proc.pid)
+        return handle
+
+    def ranks(self, job_id: str) -> list[RankHandle]:
+        return list(self._ranks.get(job_id, []))
+
+    def forget(self, job_id: str) -> None:
+        """Drop the bookkeeping of a finished job."""
+        self._ranks.pop(job_id, None)
+
+    def own_pids(self) -> set[int]:
+        """Every live process Frenzy started (ranks, their children, stores): for owner protection."""
+        groups = {h.pid for hs in self._ranks.values() for h in hs if not h.done}
+        groups |= {p.pid for p in self._stores.values()}
+        return _pgid_members(groups)
+
+    async def cancel(self, job_id: str) -> None:
+        """Kill every rank of the job (whole process groups, TERM then KILL after a grace) and its store."""
+        handles = [h for h in self._ranks.get(job_id, []) if not h.done]
+        for h in handles:
+            _killpg(h.pid, signal.SIGTERM)
+        if handles:
+            waits = [asyncio.ensure_future(h.proc.wait()) for h in handles]
+            _, pending = await asyncio.wait(waits, timeout=self.term_grace_s)
+            for h in handles:
+                _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
+            if pending:
+                await asyncio.wait(pending, timeout=10.0)
+            log.info("job %s: cancelled %d rank(s)", job_id, len(handles))
+        await self.stop_store(job_id)
+
+    async def close(self) -> None:
+        """Cancel everything still running (daemon shutdown)."""
+        for job_id in list(self._ranks) + list(self._stores):
+            await self.cancel(job_id)
+
+    # ---- leftovers ---------------------------------------------------------------------------
+    def _write_pid(self, name: str, pid: int) -> Path:
+        path = self.pid_dir / f"{name}.pid"
+        path.write_text(json.dumps({"pid": pid, "start": _proc_start_time(pid)}))
+        return path
+
+    def reap_leftovers(self) -> list[int]:
+        """Kill the process groups a previous daemon left behind (pid files); return the pids killed."""
+        killed = []
+        for path in sorted(self.pid_dir.glob("*.pid")):
+            try:
+                rec = json.loads(path.read_text())
+                pid, start = int(rec["pid"]), rec.get("start")
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            if start is not None and _proc_start_time(pid) == start:
+                _killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+            path.unlink(missing_ok=True)
+        if killed:
+            log.warning("reaped %d leftover rank/store process group(s): %s", len(killed), killed)
+        return killed
+
+
+def _pythonpath() -> str:
+    """Make ``frenzyd`` importable in the store child even when the daemon runs from a source tree."""
+    root = str(Path(__file__).resolve().parent.parent)
+    old = os.environ.get("PYTHONPATH")
+    return root if not old else f"{root}{os.pathsep}{old}"
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    """The last line(s) of a small log file, for error messages."""
+    try:
+        text = path.read_bytes()[-limit:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return " | ".join(text.splitlines()[-3:])
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCallback | None) -> None:
+    while chunk := await stream.read(65536):
+        if cb is None:
+            continue
+        try:
+            res = cb(rank, name, chunk)
+            if inspect.isawaitable(res):
+                await res
+        except Exception:  # a consumer bug must not stop draining the pipe (the rank would block)
+            log.exception("output callback failed for rank %d", rank)
+            cb = None
+
+
+# ---- payloads ---------------------------------------------------------------------------------
+_SKIP_DIRS = {"__pycache__", ".git"}
+
+
+def pack_dir(path: Path, max_bytes: int) -> tuple[bytes, str]:
+    """A gzip'd tar of the plain files under ``path`` and its sha256 hex.
+
+    Symlinks and special files are skipped, as are ``__pycache__`` and ``.git``.
+    Raises :class:`LaunchError` when the files (uncompressed) or the archive
+    exceed ``max_bytes``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise LaunchError(f"{root} is not a directory")
+    total = 0
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(
+                d for d in dirnames if d not in _SKIP_DIRS and not Path(dirpath, d).is_symlink()
+            )
+            for name in sorted(filenames):
+                full = Path(dirpath, name)
+                if full.is_symlink() or not full.is_file():
+                    continue
+                total += full.stat().st_size
+                if total > max_bytes:
+                    raise LaunchError(
+                        f"{root} holds more than {max_bytes} bytes; ship a smaller directory "
+                        "or raise [launcher] max_payload_bytes"
+                    )
+                info = tar.gettarinfo(str(full), arcname=str(full.relative_to(root)))
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with full.open("rb") as fh:
+                    tar.addfile(info, fh)
+    data = buf.getvalue()
+    if len(data) > max_bytes:
+        raise LaunchError(f"archive of {root} is {len(data)} bytes, over the cap of {max_bytes}")
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def unpack(data: bytes, sha256hex: str, dest: Path, max_bytes: int) -> list[Path]:
+    """Check and extract a :func:`pack_dir` archive into ``dest``; return the files written.
+
+    Rejects (with :class:`LaunchError`, before writing anything) a wrong hash, an
+    archive or content over ``max_bytes``, absolute or ``..`` paths, links,
+    devices and anything else that is not a plain file or directory.
+    """
+    if len(data) > max_bytes:
+        raise LaunchError(f"payload of {len(data)} bytes is over the cap of {max_bytes}")
+    if hashlib.sha256(data).hexdigest() != sha256hex:
+        raise LaunchError("payload hash mismatch: the archive was altered or truncated in transit")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = tar.getmembers()
+            total = 0
+            for m in members:
+                if not (m.isfile() or m.isdir()):
+                    raise LaunchError(f"payload entry {m.name!r} is not a plain file or directory")
+                target = (root / m.name).resolve()
+                if m.name.startswith("/") or ".." in Path(m.name).parts or not target.is_relative_to(root):
+                    raise LaunchError(f"payload entry {m.name!r} points outside the job directory")
+                total += m.size
+                if total > max_bytes:
+                    raise LaunchError(f"payload expands past the cap of {max_bytes} bytes")
+            tar.extractall(root, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise LaunchError(f"payload is not a valid archive: {exc}") from exc
+    return [root / m.name for m in members if m.isfile()]
+
+
+def collect_results(output_dir: Path, max_bytes: int) -> bytes:
+    """Rank 0's output files as an archive (:func:`pack_dir`), at most ``max_bytes``; empty dir is fine."""
+    out = Path(output_dir)
+    if not out.exists():
+        out.mkdir(parents=True)
+    try:
+        data, _ = pack_dir(out, max_bytes)
+    except LaunchError as exc:
+        raise LaunchError(f"job results too large: {exc}; raise [launcher] max_result_bytes") from exc
+    return data

@@ -1,0 +1,356 @@
+"""Closed-form peak tensor memory of the worst rank over a steady-state reference training step.
+
+The step (DESIGN.md §3) is accounted phase by phase: ``forward`` (embedding
+and decoder layers), ``loss`` (LM head, float32 logits, cross-entropy and the
+start of backward through them), ``backward`` (decoder layers in reverse, the
+gradients growing as the saved activations are freed) and ``optimizer``.  The
+peak is the largest phase; the breakdown is taken at that moment and sums to
+it.  Pure and cheap: a handful of arithmetic per call, no world building.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzyd.marp import model as M
+from frenzyd.marp.activations import Device, layer_bytes
+from frenzyd.marp.spec import Breakdown, ModelSpec, Phase, Prediction, TrainingSetup
+from frenzyd.marp.validate import validate
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticConstants:
+    """Tunable terms of the analytic method (fitted by ``scripts/bench_marp.py``; defaults documented).
+
+    Transients are in bytes per token of the named width, at the step's
+    activation dtype; the safety factor multiplies the whole tensor peak.
+    """
+
+    fwd_temp_h: float = 1.0
+    """Forward: short-lived tensors inside a decoder layer, in units of ``hidden`` (RMSNorm's square,
+    LayerNorm's output before the cast, rotary products)."""
+    fwd_temp_f: float = 0.0
+    """Forward: short-lived tensors of FFN width inside a layer."""
+    bwd_temp_h: float = 3.0
+    """Backward: gradient tensors of width ``hidden`` alive at once inside a layer's backward."""
+    bwd_temp_f: float = 3.0
+    """Backward: gradient tensors of FFN width alive at once inside a layer's backward (SwiGLU/GELU)."""
+    ckpt_fwd_temp_h: float = 2.0
+    """Forward under full recompute: hidden-width tensors alive at once inside a checkpointed layer."""
+    ckpt_fwd_temp_f: float = 3.0
+    """Forward under full recompute: FFN-width tensors alive at once inside a checkpointed SwiGLU layer."""
+    ckpt_fwd_temp_f_gelu: float = 7.5
+    """The same for GPT-2's tanh-approximated GELU, which builds more intermediates of FFN width."""
+    safety: float = 1.0
+    """Multiplier on the final tensor peak (1.0 = none; raise to trade accuracy for OOM safety)."""
+
+
+DEFAULT_CONSTANTS = AnalyticConstants()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """Per-rank static byte counts of one pipeline stage."""
+
+    params: int
+    grads: int
+    opt: int
+    layer_params: int
+    head_grad: int
+    emb_grad: int
+
+
+def _dtype_bytes(dtype: str) -> tuple[int, int, int]:
+    """(parameter, activation, logits) bytes for a dtype mode."""
+    if dtype == "fp32":
+        return 4, 4, 4
+    if dtype == "bf16":
+        return 2, 2, 2
+    return 4, 4, 2
+
+
+def predict(
+    model: ModelSpec,
+    setup: TrainingSetup,
+    *,
+    constants: AnalyticConstants = DEFAULT_CONSTANTS,
+    device: Device = "cuda",
+    check: bool = True,
+) -> Prediction:
+    """Peak tensor bytes of the worst rank of ``setup``'s plan over a steady-state step.
+
+    ``device`` picks whose kernels and autocast are modelled ("cuda" by
+    default; "cpu" for scoring against CPU runs).  Raises ConfigError/PlanError
+    (via :func:`frenzyd.marp.validate.validate`) when the setup is impossible.
+    No runtime overhead is included (see ``overhead.py``).
+    """
+    if check:
+        validate(model, setup)
+    best: tuple[int, Phase, Breakdown] | None = None
+    phases: dict[str, int] = {}
+    for stage in _stages(setup.pp):
+        for phase, bd in _stage_phases(model, setup, constants, device, stage):
+            total = bd.total
+            if total > phases.get(phase, -1):
+                phases[phase] = total
+            if best is None or total > best[0]:
+                best = (total, phase, bd)
+    assert best is not None
+    peak, phase, bd = best
+    if constants.safety != 1.0:
+        extra = int(peak * (constants.safety - 1.0))
+        bd = Breakdown(bd.parameters, bd.gradients, bd.optimizer, bd.activations, bd.temporaries + extra)
+        peak += extra
+        phases = {k: int(v * constants.safety) for k, v in phases.items()}
+        phases[phase] = peak
+    return Prediction(
+        model=model.name,
+        params=M.param_count(model),
+        peak_bytes=peak,
+        peak_phase=phase,
+        breakdown=bd,
+        method="analytic",
+        phases=phases,
+    )
+
+
+def _stages(pp: int) -> tuple[int, ...]:
+    # The first and last stages are the extremes (embedding + most in-flight
+    # microbatches vs head + logits); a middle stage is never worse than both.
+    return (0,) if pp == 1 else (0, pp - 1)
+
+
+def _stage_phases(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    c: AnalyticConstants,
+    device: Device,
+    stage: int,
+) -> list[tuple[Phase, Breakdown]]:
+    """The candidate peak moments of one pipeline stage, each as a Breakdown, tagged with its phase."""
+    pb, ab, lb = _dtype_bytes(setup.dtype)
+    gb = pb  # gradients take the parameter dtype
+    fb = 2 if setup.dtype == "bf16-mixed" else ab  # FFN-width tensors: the linear outputs' dtype
+    s = setup.seq_len
+    sb = setup.micro_batch * s
+    tp, pp, dp, zero = setup.tp, setup.pp, setup.dp, setup.zero
+    first, last = stage == 0, stage == pp - 1
+    layers = spec.layers // pp
+    micro = setup.grad_accum
+    h, f = spec.hidden, spec.ffn // tp
+    recompute = setup.recompute == "full"
+    fsdp = zero >= 2 and dp > 1
+    tied_here = spec.tied_embeddings and pp == 1  # pipeline stages hold their own copy of a tied table
+
+    # --- static sizes on this rank -----------------------------------------------------------
+    lp = _layer_params_tp(spec, tp)
+    emb = M.embedding_params(spec) if first else 0
+    final_norm = spec.hidden * (2 if spec.norm == "layernorm" else 1) if last else 0
+    lm_head = spec.vocab * spec.hidden if last and not tied_here else 0
+    n_params = emb + layers * lp + final_norm + lm_head
+    opt_bytes = _ceil_div(n_params, dp if zero >= 1 else 1) * pb * (2 if setup.optimizer == "adamw" else 1)
+    if setup.optimizer == "adamw":
+        opt_bytes += _param_tensors_stage(spec, layers, first, last, pp) * 4  # fused AdamW step scalars
+    params = _ceil_div(n_params, dp if fsdp else 1) * pb
+    grads_full = n_params * gb
+    grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
+    ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
+
+    # --- activations ----------------------------------------------------------------------------
+    lbytes = layer_bytes(spec, setup.dtype, device, s, tp)
+    layer_act = int(sb * (lbytes.per_token + s * lbytes.per_token_s)) + lbytes.weight_copies
+    kept_layer = sb * lbytes.residual if recompute else layer_act  # checkpointing keeps the layer input
+    pre = _pre_bytes(spec, setup, device, first)
+    inflight = min(pp - stage, micro) if pp > 1 else 1  # 1F1B: stage k holds pp - k microbatches
+    one_micro = pre + layers * kept_layer + (sb * h * ab if pp > 1 and not first else 0)
+    stage_act = inflight * one_micro
+    others = (inflight - 1) * one_micro  # earlier in-flight microbatches, untouched by this one's backward
+
+    fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
+    if recompute:
+        ffn_temp = c.ckpt_fwd_temp_f if spec.gated_mlp else c.ckpt_fwd_temp_f_gelu
+        fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lbytes.per_token_s))
+    bwd_temp = int(sb * (ab * c.bwd_temp_h * h + fb * c.bwd_temp_f * f))
+    if setup.dtype == "bf16-mixed":
+        bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
+    if recompute:
+        bwd_temp += layer_act  # the layer being re-run holds all its activations during its backward
+    # autocast's weight cache (CUDA and, in torch 2.13, CPU too) keeps a bf16 copy of every linear
+    # weight until the forward ends; without recompute those copies are saved for backward anyway.
+    cache = layers * lbytes.weight_copies if setup.dtype == "bf16-mixed" and recompute else 0
+
+    # --- ZeRO-2/3 (FSDP2): unsharded parameters in flight ---------------------------------------
+    root = (emb + final_norm + lm_head) * pb  # the root group is never resharded after forward
+    if fsdp:
+        gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
+        gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
+        gathered_emb = root
+        rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
+        head_g = _ceil_div((final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb, dp)
+        layer_g = _ceil_div(lp * gb, dp)
+    else:
+        gathered_all = gathered_last = gathered_emb = rs_buffer = 0
+        head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
+        layer_g = lp * gb
+
+    # gradients already present in forward: DDP's buckets always, else those of earlier micro-steps
+    if ddp_buckets:
+        grads_early = grads_full
+    elif micro > 1 or (pp > 1 and micro > pp - stage):
+        grads_early = grads_kept
+    else:
+        grads_early = 0
+
+    def grads_at(done: int) -> int:
+        return grads_early if grads_early else done
+
+    out: list[tuple[Phase, Breakdown]] = [
+        ("forward", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, stage_act, fwd_temp)),
+    ]
+    if last:
+        # the final norm ends the forward phase
+        norm_saved = _final_norm_bytes(spec, setup)
+        norm_temp = sb * 4 * h if spec.norm == "rmsnorm" else 0
+        out.append(
+            (
+                "forward",
+                Breakdown(
+                    params + gathered_all + cache, grads_early, opt_bytes, stage_act + norm_saved, norm_temp
+                ),
+            )
+        )
+        # loss: LM head, float32 logits, log-softmax (saved) and, at backward start, two logit gradients
+        post = _post_bytes(spec, setup)
+        logits = sb * spec.vocab
+        loss_act = stage_act + post + 4 * logits
+        fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
+        out.append(
+            ("loss", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, loss_act, fwd_side))
+        )
+        out.append(("loss", Breakdown(params + gathered_all, grads_early, opt_bytes, loss_act, 8 * logits)))
+        # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
+        # backward), the head's weight gradient and the hidden-state gradient
+        head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
+        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early else 0)
+        out.append(
+            (
+                "backward",
+                Breakdown(params + gathered_all, grads_at(head_w_grad), opt_bytes, stage_act + post, temp),
+            )
+        )
+
+    # backward through the decoder layers: memory is linear between the two ends
+    out.append(
+        (
+            "backward",
+            Breakdown(
+                params + gathered_all, grads_at(head_g + layer_g), opt_bytes, stage_act, bwd_temp + rs_buffer
+            ),
+        )
+    )
+    out.append(
+        (
+            "backward",
+            Breakdown(
+                params + gathered_last,
+                grads_at(head_g + layers * layer_g),
+                opt_bytes,
+                others + pre + kept_layer,
+                bwd_temp + rs_buffer,
+            ),
+        )
+    )
+    if first:
+        # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
+        # out of place with the head's pending gradient (a third vocab x hidden tensor)
+        emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
+        if tied_here:
+            emb_temp += spec.vocab * h * gb
+        out.append(
+            (
+                "backward",
+                Breakdown(
+                    params + gathered_emb,
+                    grads_at(head_g + layers * layer_g),
+                    opt_bytes,
+                    others + pre,
+                    emb_temp + sb * h * ab,
+                ),
+            )
+        )
+
+    # optimizer: parameters, gradients, state (fused AdamW and SGD keep no further temporaries)
+    out.append(("optimizer", Breakdown(params, grads_full if ddp_buckets else grads_kept, opt_bytes, 0, 0)))
+    return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _layer_params_tp(spec: ModelSpec, tp: int) -> int:
+    """One decoder layer's parameters on a tensor-parallel rank (Megatron column/row split, norms kept)."""
+    if tp == 1:
+        return M.layer_params(spec)
+    h, hd = spec.hidden, spec.head_dim
+    n = M.layer_linear_params(spec) // tp
+    if spec.qkv_bias:
+        n += (spec.heads + 2 * spec.kv_heads) * hd // tp
+    if spec.o_bias:
+        n += h
+    if spec.mlp_bias:
+        n += (2 if spec.gated_mlp else 1) * spec.ffn // tp + h
+    n += 2 * h * (2 if spec.norm == "layernorm" else 1)
+    return n
+
+
+def _largest_linear(spec: ModelSpec, tp: int) -> int:
+    h = spec.hidden
+    return max(h * spec.ffn // tp, h * spec.heads * spec.head_dim // tp)
+
+
+def _param_tensors_stage(spec: ModelSpec, layers: int, first: bool, last: bool, pp: int) -> int:
+    n = layers * M.layer_param_tensors(spec)
+    if first:
+        n += 2 if spec.learned_positions else 1
+    if last:
+        n += (2 if spec.norm == "layernorm" else 1) + (0 if spec.tied_embeddings and pp == 1 else 1)
+    return n
+
+
+def _pre_bytes(spec: ModelSpec, setup: TrainingSetup, device: Device, first: bool) -> int:
+    """Saved before the first layer: ids, positions/rotary tables, embedding dropout mask."""
+    sb = setup.micro_batch * setup.seq_len
+    n = 8 * sb if first else 0  # int64 input ids (embedding backward)
+    if spec.learned_positions:
+        n += 8 * setup.seq_len if first else 0
+        if spec.embd_dropout > 0 and first:
+            n += sb * spec.hidden * ((4 if setup.dtype != "bf16" else 2) if device == "cpu" else 1)
+    else:
+        rot = 2 if setup.dtype == "bf16" else 4
+        n += 2 * setup.seq_len * spec.head_dim * rot  # cos and sin
+    if spec.sliding_window is not None and setup.seq_len > spec.sliding_window:
+        n += setup.micro_batch * setup.seq_len * setup.seq_len  # the boolean sliding-window mask
+    return n
+
+
+def _final_norm_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Saved by the final norm, its output included (the LM head's input)."""
+    sb = setup.micro_batch * setup.seq_len
+    h = spec.hidden
+    if spec.norm == "rmsnorm":
+        per = {"fp32": 12 * h + 4, "bf16": 8 * h + 4}.get(setup.dtype, 10 * h + 4)
+    elif setup.dtype == "bf16-mixed":
+        per = 6 * h + 8
+    else:
+        d = 4 if setup.dtype == "fp32" else 2
+        per = 2 * d * h + 2 * d
+    return sb * per
+
+
+def _post_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Saved after the last layer: final norm, the LM head's bf16 weight copy (autocast), shifted labels."""
+    n = _final_norm_bytes(spec, setup)
+    if setup.dtype == "bf16-mixed":
+        n += 2 * spec.vocab * spec.hidden
+    return n + 8 * setup.micro_batch * setup.seq_len

@@ -1,0 +1,157 @@
+"""Prometheus metrics of one daemon: gauges read from the status JSON at scrape time, plus counters.
+
+Each daemon owns its own :class:`MetricsRegistry` (a private ``CollectorRegistry``,
+so several daemons can live in one test process).  Gauges (peers alive, GPUs
+offered/leased by type, jobs by state, election term) are derived from the
+status JSON of DESIGN.md §6 when ``/metrics`` is scraped, so they never drift
+from what ``/api/v1/status`` shows.  Counters by reason (dropped messages, auth
+refusals) are either incremented here or read from a component's own
+counting dict through :meth:`MetricsRegistry.add_count_source`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+StatusProvider = Callable[[], Mapping[str, Any]]
+CountSource = Callable[[], Mapping[str, int]]
+
+
+class _StatusCollector(Collector):
+    def __init__(self, status: StatusProvider) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            st = self.status()
+        except Exception:  # a broken provider must not break the scrape of the other metrics
+            log.exception("status provider failed during a /metrics scrape")
+            return
+        yield from status_metrics(st)
+
+
+class _CountCollector(Collector):
+    def __init__(self, name: str, documentation: str, label: str, source: CountSource) -> None:
+        self.name, self.documentation, self.label, self.source = name, documentation, label, source
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        try:
+            counts = dict(self.source())
+        except Exception:
+            log.exception("count source %s failed", self.name)
+            counts = {}
+        for key, value in sorted(counts.items()):
+            fam.add_metric([str(key)], float(value))
+        yield fam
+
+
+def status_metrics(st: Mapping[str, Any]) -> list[Metric]:
+    """Gauges derived from one status JSON object (DESIGN.md §6)."""
+    node = st.get("node") or {}
+    coord = st.get("coordinator") or {}
+    term = GaugeMetricFamily("frenzy_election_term", "Highest election term this node has seen")
+    term.add_metric([], float(node.get("term") or 0))
+    is_coord = GaugeMetricFamily("frenzy_is_coordinator", "1 when this node is the pool's coordinator")
+    is_coord.add_metric([], 1.0 if node.get("role") == "coordinator" else 0.0)
+    has_coord = GaugeMetricFamily("frenzy_coordinator_known", "1 when this node knows a coordinator")
+    has_coord.add_metric([], 1.0 if coord else 0.0)
+
+    peers = st.get("peers") or []
+    alive = GaugeMetricFamily(
+        "frenzy_peers_alive", "Authenticated peers with a recent heartbeat (self included)"
+    )
+    alive.add_metric([], float(sum(1 for p in peers if p.get("alive"))))
+    known = GaugeMetricFamily("frenzy_peers_known", "Peers this node has heard of")
+    known.add_metric([], float(len(peers)))
+
+    gpus = GaugeMetricFamily(
+        "frenzy_gpus", "GPUs of live peers by type and state", labels=["type", "simulated", "state"]
+    )
+    free = GaugeMetricFamily(
+        "frenzy_gpu_free_bytes", "Free memory of live peers' GPUs by type", labels=["type"]
+    )
+    tally: Tally[tuple[str, str, str]] = Tally()
+    free_by_type: Tally[str] = Tally()
+    for p in peers:
+        if not p.get("alive"):
+            continue
+        for g in p.get("gpus") or []:
+            gtype = str(g.get("type"))
+            if g.get("leased_to"):
+                state = "leased"
+            elif g.get("offered", True):
+                state = "offered"
+            else:
+                state = "withheld"  # owner protection
+            tally[(gtype, "true" if g.get("simulated") else "false", state)] += 1
+            free_by_type[gtype] += int(g.get("free_bytes") or 0)
+    for labels, n in sorted(tally.items()):
+        gpus.add_metric(list(labels), float(n))
+    for gtype, b in sorted(free_by_type.items()):
+        free.add_metric([gtype], float(b))
+
+    jobs = GaugeMetricFamily("frenzy_jobs", "Jobs this node knows by state", labels=["state"])
+    by_state: Tally[str] = Tally(str(j.get("state")) for j in st.get("jobs") or [])
+    for state in JOB_STATES:
+        jobs.add_metric([state], float(by_state.get(state, 0)))
+    return [term, is_coord, has_coord, alive, known, gpus, free, jobs]
+
+
+class MetricsRegistry:
+    """The metrics one daemon exposes on ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.dropped_messages = Counter(
+            "frenzy_dropped_messages", "Peer messages dropped, by reason", ["reason"], registry=self.registry
+        )
+        self.auth_refusals = Counter(
+            "frenzy_auth_refusals", "Peers or orders refused by authentication, by reason", ["reason"],
+            registry=self.registry,
+        )
+        self.web_requests = Counter(
+            "frenzy_web_requests", "Requests served by the status web server, by path", ["path"],
+            registry=self.registry,
+        )
+        self._status: _StatusCollector | None = None
+        self._sources: set[str] = set()
+
+    def bind_status(self, status: StatusProvider) -> None:
+        """Derive the gauges from ``status()`` at every scrape (once per registry)."""
+        if self._status is not None:
+            self._status.status = status
+            return
+        self._status = _StatusCollector(status)
+        self.registry.register(self._status)
+
+    def add_count_source(self, name: str, documentation: str, label: str, source: CountSource) -> None:
+        """Expose ``source()`` (reason -> count, monotonic) as counter ``name`` with one label."""
+        if name in self._sources:
+            raise ValueError(f"count source {name!r} already registered")
+        self._sources.add(name)
+        self.registry.register(_CountCollector(name, documentation, label, source))
+
+    def drop(self, reason: str) -> None:
+        """Count one dropped peer message."""
+        self.dropped_messages.labels(reason=reason).inc()
+
+    def refuse(self, reason: str) -> None:
+        """Count one authentication refusal."""
+        self.auth_refusals.labels(reason=reason).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (content type :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

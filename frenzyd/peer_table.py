@@ -1,0 +1,146 @@
+"""Who is in the pool: authenticated peers with heartbeat liveness, and the addresses to dial (pure).
+
+Liveness comes only from authenticated heartbeats (zeroconf never reports a crashed
+peer).  ``AddressBook`` holds every address learned from config, discovery or peers'
+reports, maps each to the node that answered there, and backs off addresses that do
+not answer.  Both take the time as an argument; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_ADDRESSES = 1024
+"""Cap on remembered addresses, so a flood of mDNS announcements cannot grow memory."""
+
+
+@dataclass
+class PeerRecord:
+    """The last heartbeat of one authenticated peer."""
+
+    node_id: str
+    name: str
+    address: str
+    priority: int
+    term: int
+    coordinator: str | None
+    report: dict[str, Any]
+    first_seen: float
+    last_seen: float
+
+
+class PeerTable:
+    """Authenticated peers by node id, with liveness by last heartbeat."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._peers: dict[str, PeerRecord] = {}
+
+    def heard(self, body: dict[str, Any], now: float) -> tuple[PeerRecord, bool]:
+        """Record a heartbeat body (already authenticated); return the record and whether it is new
+        or came back from the dead."""
+        node_id = body["node_id"]
+        old = self._peers.get(node_id)
+        revived = old is None or not self.is_alive(node_id, now)
+        rec = PeerRecord(
+            node_id=node_id,
+            name=body["name"],
+            address=body["address"],
+            priority=body["priority"],
+            term=body["term"],
+            coordinator=body.get("coordinator"),
+            report=body.get("report") or {},
+            first_seen=old.first_seen if old is not None and not revived else now,
+            last_seen=now,
+        )
+        self._peers[node_id] = rec
+        return rec, revived
+
+    def is_alive(self, node_id: str, now: float) -> bool:
+        rec = self._peers.get(node_id)
+        return rec is not None and now - rec.last_seen < self.timeout_s
+
+    def live(self, now: float) -> list[str]:
+        """Node ids heard within the timeout."""
+        return [p for p in self._peers if self.is_alive(p, now)]
+
+    def get(self, node_id: str) -> PeerRecord | None:
+        return self._peers.get(node_id)
+
+    def records(self) -> list[PeerRecord]:
+        return list(self._peers.values())
+
+    def forget(self, node_id: str) -> None:
+        self._peers.pop(node_id, None)
+
+
+@dataclass
+class _Addr:
+    node_id: str | None = None
+    failures: int = 0
+    next_try: float = 0.0
+    source: str = ""
+    is_self: bool = False
+
+
+@dataclass
+class AddressBook:
+    """Addresses to dial, with exponential back-off (``base_s`` · 2^failures, at most ``max_s``)
+    for addresses that fail."""
+
+    base_s: float
+    max_s: float
+    _addrs: dict[str, _Addr] = field(default_factory=dict)
+
+    def add(self, address: str, source: str, *, pinned: bool = False) -> bool:
+        """Remember ``address``; return False if it was known or the book is full."""
+        if address in self._addrs:
+            return False
+        if len(self._addrs) >= MAX_ADDRESSES and not pinned:
+            self._evict()
+            if len(self._addrs) >= MAX_ADDRESSES:
+                return False
+        self._addrs[address] = _Addr(source=source)
+        return True
+
+    def _evict(self) -> None:
+        # Drop the never-answered address with the most failures (static peers are retried forever).
+        victims = [a for a, s in self._addrs.items() if s.node_id is None and s.source != "static"]
+        if victims:
+            del self._addrs[max(victims, key=lambda a: self._addrs[a].failures)]
+
+    def due(self, now: float) -> list[str]:
+        """Addresses to dial now: one per known node that is not already live through another one,
+        plus unknown addresses whose back-off has passed.  Never this node's own addresses."""
+        out: list[str] = []
+        for addr, st in self._addrs.items():
+            if st.is_self or st.next_try > now:
+                continue
+            out.append(addr)
+        # Several addresses of one node: dial only the most recently successful one.
+        by_node: dict[str, list[str]] = {}
+        for a in out:
+            n = self._addrs[a].node_id
+            if n is not None:
+                by_node.setdefault(n, []).append(a)
+        for addrs in by_node.values():
+            if len(addrs) > 1:
+                keep = min(addrs, key=lambda a: self._addrs[a].failures)
+                out = [a for a in out if a not in addrs or a == keep]
+        return out
+
+    def succeeded(self, address: str, node_id: str, *, is_self: bool = False) -> None:
+        st = self._addrs.setdefault(address, _Addr(source="reply"))
+        st.node_id, st.failures, st.next_try, st.is_self = node_id, 0, 0.0, is_self
+
+    def failed(self, address: str, now: float) -> None:
+        st = self._addrs.get(address)
+        if st is None:
+            return
+        st.failures += 1
+        st.next_try = now + min(self.max_s, self.base_s * 2 ** min(st.failures - 1, 16))
+
+    def addresses(self) -> dict[str, str | None]:
+        """address → node id that answered there (None if none yet)."""
+        return {a: s.node_id for a, s in self._addrs.items()}

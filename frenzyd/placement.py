@@ -1,0 +1,399 @@
+"""Where queued jobs run: MARP's feasible plans, HAS's ``frenzy`` policy, then a concrete rank layout.
+
+Pure (values in, values out).  The coordinator hands in what peers offer (free, unleased,
+owner-protected GPUs per peer, with each peer's Python/torch versions) and the queue.
+``schedule`` builds a HAS snapshot (every job's candidate plans: MARP's feasible plans for
+``--model`` jobs, one plan per GPU type that holds ``--mem-per-rank`` for declared jobs) and
+lets the HAS ``frenzy`` policy order the queue and choose plan, type and GPUs.  A declared
+job that no single GPU type can hold right now but a mix of types can (heterogeneous data
+parallelism, as a 20 GiB rank on an A100 and another on an A6000) is then placed by the
+packing rule of ``place``.  ``place`` alone decides one job: ``None`` = wait,
+``InfeasibleError`` = it can never fit the matching peers.
+
+Layout rule: ranks are packed onto as few peers as possible, fastest GPU type first; a
+tensor-parallel group never spans peers (DESIGN.md §3); ranks are numbered peer by peer in
+the order of the chosen GPUs so each tp group is contiguous.
+
+Not given to HAS: running jobs.  Their ranks are user scripts that cannot be resized or
+resumed, so HAS's grow/shrink/preempt moves are not offered; their GPUs are simply not free.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from frenzyd.errors import FrenzyError, InfeasibleError
+from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, GPU_TYPES
+from frenzyd.jobs import JobSpec, RankAssignment
+
+DEFAULT_HEADROOM = 0.10
+"""Fraction of a GPU's memory kept free on top of MARP's prediction (plan fits when
+``bytes_per_gpu * (1 + headroom) <= free``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedGpu:
+    """One GPU as its peer reports it."""
+
+    uuid: str
+    index: int
+    type: str
+    memory_bytes: int
+    free_bytes: int
+    simulated: bool
+    available: bool
+    """Offered by the owner protection and not leased to a job."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerOffer:
+    """A live, authenticated peer and its GPUs."""
+
+    node_id: str
+    name: str
+    address: str
+    python_version: str
+    torch_version: str
+    gpus: tuple[OfferedGpu, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A plan (status JSON ``plan``) and the ranks that realise it."""
+
+    plan: dict[str, Any]
+    ranks: tuple[RankAssignment, ...]
+    backend: str
+
+
+def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:
+    """Ranks run in the peer's Python environment: same Python major.minor and same torch."""
+    return _py_minor(spec.python_version) == _py_minor(peer.python_version) and (
+        spec.torch_version == peer.torch_version
+    )
+
+
+def _py_minor(v: str) -> str:
+    return ".".join(v.split(".")[:2])
+
+
+def _speed(gpu_type: str) -> float:
+    info = GPU_TYPES.get(gpu_type)
+    return info.speed if info is not None else DEFAULT_UNKNOWN_SPEED
+
+
+def place(
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = DEFAULT_HEADROOM
+) -> Placement | None:
+    """Place ``spec`` on the available GPUs of version-matching peers.
+
+    Returns ``None`` when it would fit the matching peers' GPUs but not the ones free now;
+    raises ``InfeasibleError`` (with what to change) when it can never fit.
+    """
+    matching = [p for p in offers if versions_match(spec, p)]
+    if not matching:
+        seen = sorted({f"python {_py_minor(p.python_version)}/torch {p.torch_version}" for p in offers})
+        raise InfeasibleError(
+            f"no peer matches this job's python {_py_minor(spec.python_version)} / torch "
+            f"{spec.torch_version} (peers offer: {', '.join(seen) or 'nothing'}); "
+            "submit from a peer with the pool's Python environment"
+        )
+    try:
+        if spec.model is not None or spec.model_config is not None:
+            return _place_model(spec, matching, headroom)
+        return _place_ranks(spec, matching)
+    except InfeasibleError as exc:
+        skipped = [p for p in offers if p.gpus and not versions_match(spec, p)]
+        if not skipped:
+            raise
+        seen = sorted({f"python {_py_minor(p.python_version)}/torch {p.torch_version}" for p in skipped})
+        raise InfeasibleError(
+            f"{exc} ({len(skipped)} peer(s) with GPUs were skipped because they run {', '.join(seen)}, "
+            f"not this job's python {_py_minor(spec.python_version)}/torch {spec.torch_version})"
+        ) from None
+
+
+def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None:
+    assert spec.nproc is not None
+    assert spec.mem_per_rank is not None
+    need, mem = spec.nproc, spec.mem_per_rank
+    ever = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem)
+    if ever < need:
+        raise InfeasibleError(
+            f"the job needs {need} GPUs with {mem / 2**30:.2f} GiB each; matching peers have only "
+            f"{ever} such GPUs in total: lower --nproc or --mem-per-rank"
+        )
+    groups = {p.node_id: [g for g in p.gpus if g.available and g.free_bytes >= mem] for p in offers}
+    chosen = _pack(offers, groups, need, group=1)
+    if chosen is None:
+        return None
+    ranks = _number(chosen)
+    gpus = [g for _, gs in chosen for g in gs]
+    types = sorted({g.type for g in gpus})
+    plan = {
+        "source": "declared",
+        "gpu_type": types[0] if len(types) == 1 else "+".join(types),
+        "gpus": need, "dp": need, "tp": 1, "pp": 1, "zero": 0,
+        "bytes_per_gpu": mem, "peers": len(chosen),
+    }
+    return Placement(plan, ranks, _backend(gpus))
+
+
+def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) -> Placement | None:
+    plans_all = marp_plans(spec, offers, headroom=headroom, only_available=False)
+    if not plans_all:
+        raise InfeasibleError(
+            "MARP finds no plan of this model and batch shape that fits the matching peers' GPUs, "
+            "even when idle: use a smaller --micro-batch or --seq-len, --recompute full, or --zero 3"
+        )
+    for plan in marp_plans(spec, offers, headroom=headroom, only_available=True):
+        per = int(plan["bytes_per_gpu"] * (1 + headroom))
+        groups = {
+            p.node_id: [
+                g for g in p.gpus if g.available and g.type == plan["gpu_type"] and g.free_bytes >= per
+            ]
+            for p in offers
+        }
+        chosen = _pack(offers, groups, int(plan["gpus"]), group=int(plan["tp"]))
+        if chosen is None:
+            continue
+        gpus = [g for _, gs in chosen for g in gs]
+        return Placement({**plan, "source": "marp", "peers": len(chosen)}, _number(chosen), _backend(gpus))
+    return None
+
+
+def marp_plans(
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
+) -> list[dict[str, Any]]:
+    """MARP's feasible plans (DESIGN.md §6 plan dicts, best first) over the offered GPU types."""
+    from frenzyd.errors import ModelConfigError
+    from frenzyd.marp.model import list_presets, load_model, spec_from_config
+    from frenzyd.marp.plans import feasible_plans
+    from frenzyd.marp.spec import GpuPool, TrainingSetup
+
+    if spec.model_config is not None:
+        model = spec_from_config(spec.model_config, name=spec.name or "model")
+    elif spec.model in list_presets():
+        model = load_model(str(spec.model))
+    else:  # never read a path a peer names: a submitter sends the config itself
+        raise ModelConfigError(f"unknown model preset {spec.model!r}: use one of {', '.join(list_presets())} "
+                               "or pass the path of a config.json to --model")
+    assert spec.seq_len is not None
+    setup = TrainingSetup(
+        seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
+        global_batch=spec.global_batch, optimizer=spec.optimizer,  # type: ignore[arg-type]
+        recompute=spec.recompute, zero=spec.zero,  # type: ignore[arg-type]
+    )
+    by_type: dict[str, list[tuple[int, int]]] = {}
+    for p in offers:
+        counts: dict[str, list[int]] = {}
+        for g in p.gpus:
+            if only_available and not g.available:
+                continue
+            counts.setdefault(g.type, []).append(g.free_bytes if only_available else g.memory_bytes)
+        for t, mems in counts.items():
+            by_type.setdefault(t, []).append((len(mems), min(mems)))
+    pools = [
+        GpuPool(gpu_type=t, count=sum(c for c, _ in rows), memory_bytes=min(m for _, m in rows),
+                speed=_speed(t), gpus_per_node=max(c for c, _ in rows))
+        for t, rows in sorted(by_type.items())
+    ]
+    if not pools:
+        return []
+    plans = feasible_plans(model, setup, pools, headroom=headroom)
+    return [
+        {"gpu_type": pl.gpu_type, "gpus": pl.gpus, "dp": pl.dp, "tp": pl.tp, "pp": pl.pp, "zero": pl.zero,
+         "micro_batch": pl.micro_batch, "grad_accum": pl.grad_accum, "bytes_per_gpu": pl.bytes_per_gpu,
+         "gpu_memory_bytes": pl.gpu_memory_bytes, "step_time_s": pl.step_time_s}
+        for pl in plans
+    ]
+
+
+def _pack(
+    offers: Sequence[PeerOffer], groups: dict[str, list[OfferedGpu]], need: int, *, group: int
+) -> list[tuple[PeerOffer, list[OfferedGpu]]] | None:
+    """Take ``need`` GPUs in whole groups of ``group`` from as few peers as possible, fastest first."""
+    def key(p: PeerOffer) -> tuple[int, float, str]:
+        gs = groups[p.node_id]
+        usable = len(gs) - len(gs) % group
+        speed = max((_speed(g.type) for g in gs), default=0.0)
+        return (-min(usable, need), -speed, p.node_id)
+
+    chosen: list[tuple[PeerOffer, list[OfferedGpu]]] = []
+    left = need
+    for p in sorted(offers, key=key):
+        gs = sorted(groups[p.node_id], key=lambda g: (-_speed(g.type), g.index))
+        take = min(left, len(gs) - len(gs) % group)
+        if take <= 0:
+            continue
+        chosen.append((p, sorted(gs[:take], key=lambda g: g.index)))
+        left -= take
+        if left == 0:
+            return chosen
+    return None
+
+
+def _number(chosen: list[tuple[PeerOffer, list[OfferedGpu]]]) -> tuple[RankAssignment, ...]:
+    ranks: list[RankAssignment] = []
+    for peer, gpus in chosen:
+        for local, g in enumerate(gpus):
+            ranks.append(RankAssignment(len(ranks), peer.node_id, peer.name, g.uuid, g.index, local))
+    return tuple(ranks)
+
+
+def _is_model(spec: JobSpec) -> bool:
+    return spec.model is not None or spec.model_config is not None
+
+
+def _backend(gpus: Sequence[OfferedGpu]) -> str:
+    """nccl needs real CUDA devices on every rank; any simulated GPU means gloo on CPU."""
+    return "gloo" if any(g.simulated for g in gpus) else "nccl"
+
+
+# --- the HAS policy over the whole queue ------------------------------------------------------
+
+ASSUMED_SEQ_TOKENS = 2048
+"""Declared jobs say nothing about their work: their speed model assumes one 2048-token sample
+per rank per step and ``mem_per_rank / 16`` parameters (AdamW in fp32), only to rank GPU types."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A queued job as the scheduler sees it."""
+
+    job_id: str
+    spec: JobSpec
+    arrival_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One scheduling pass: jobs to start now, jobs that can never run (with the reason)."""
+
+    start: tuple[tuple[str, Placement], ...]
+    infeasible: tuple[tuple[str, str], ...]
+    policy: str
+
+
+def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[dict[str, Any]]:
+    assert spec.nproc is not None
+    assert spec.mem_per_rank is not None
+    mem: dict[str, int] = {}
+    for p in offers:
+        for g in p.gpus:
+            mem[g.type] = max(mem.get(g.type, 0), g.memory_bytes)
+    return [
+        {"gpu_type": t, "gpus": spec.nproc, "dp": spec.nproc, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 1,
+         "grad_accum": 1, "bytes_per_gpu": spec.mem_per_rank, "gpu_memory_bytes": m, "step_time_s": 0.0}
+        for t, m in sorted(mem.items()) if m >= spec.mem_per_rank
+    ]
+
+
+_PLAN_KEYS = ("gpu_type", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "grad_accum", "bytes_per_gpu",
+              "gpu_memory_bytes")
+
+
+def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
+    """``p`` with the GPUs in ``taken`` marked unavailable."""
+    gpus = tuple(g if g.uuid not in taken else replace(g, available=False) for g in p.gpus)
+    return replace(p, gpus=gpus)
+
+
+def schedule(
+    queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
+    headroom: float = DEFAULT_HEADROOM,
+) -> Schedule:
+    """Decide which queued jobs start now and where (HAS ``frenzy`` policy; see module docstring)."""
+    from frenzyd.has.frenzy import FrenzyPolicy
+    from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
+    from frenzyd.marp.spec import Plan
+    from frenzyd.sim.speed import JobSpeed
+
+    infeasible: list[tuple[str, str]] = []
+    views: list[Any] = []
+    plan_dicts: dict[str, list[dict[str, Any]]] = {}
+    for q in queue:
+        matching = [p for p in offers if versions_match(q.spec, p)]
+        try:
+            place(q.spec, offers, headroom=headroom)  # raises when it can never fit
+            model = q.spec.model is not None or q.spec.model_config is not None
+            dicts = marp_plans(q.spec, matching, headroom=headroom, only_available=False) if model else []
+        except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
+            infeasible.append((q.job_id, str(exc)))
+            continue
+        if model:
+            params = 0
+        else:
+            dicts = _declared_plans(q.spec, matching)
+            params = max(1, (q.spec.mem_per_rank or 0) // 16)
+        flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (q.spec.nproc or 1)
+        speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+        plans = []
+        for d in dicts:
+            base = Plan(**{k: d[k] for k in _PLAN_KEYS}, step_time_s=float(d["step_time_s"]))
+            if not base.step_time_s:
+                base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
+            plans.append(base)
+        plan_dicts[q.job_id] = dicts
+        views.append(JobView(job_id=q.job_id, arrival_s=q.arrival_s, requested_gpus=q.spec.nproc or 1,
+                             plans=tuple(plans), speed=speed, total_steps=1.0, remaining_steps=1.0))
+    by_key: dict[tuple[str, int], OfferedGpu] = {}
+    peer_of: dict[str, PeerOffer] = {}
+    all_gpus: list[Any] = []
+    free: list[Any] = []
+    type_mem: dict[str, int] = {}
+    for p in offers:
+        peer_of[p.node_id] = p
+        for og in p.gpus:
+            hg = Gpu(p.node_id, og.index, og.type)
+            by_key[(p.node_id, og.index)] = og
+            all_gpus.append(hg)
+            if og.available:
+                free.append(hg)
+            type_mem[og.type] = max(type_mem.get(og.type, 0), og.memory_bytes)
+    types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
+    snapshot = Snapshot(now_s=now_s, reason="arrival", cluster=Cluster(types, tuple(sorted(all_gpus))),
+                        free=tuple(sorted(free)), queued=tuple(views), running=())
+    decision = FrenzyPolicy().decide(snapshot, random.Random(0))
+    start: list[tuple[str, Placement]] = []
+    taken: set[str] = set()
+    specs = {q.job_id: q.spec for q in queue}
+    for pl in decision.placements:
+        spec = specs.get(pl.job_id)
+        chosen = [by_key.get((hg.peer, hg.index)) for hg in pl.gpus]
+        need = int(pl.plan.bytes_per_gpu * (1 + headroom)) if spec is not None and _is_model(spec) else 0
+        usable = all(c is not None and c.available and c.uuid not in taken and c.free_bytes >= need
+                     for c in chosen)
+        if spec is None or not usable or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
+            continue  # HAS proposed a move the daemon does not make (see module docstring)
+        groups: dict[str, list[OfferedGpu]] = {}
+        for hg in pl.gpus:
+            groups.setdefault(hg.peer, []).append(by_key[(hg.peer, hg.index)])
+        ordered = [(peer_of[n], gs) for n, gs in groups.items()]
+        taken.update(og.uuid for _, gs in ordered for og in gs)
+        match = [x for x in plan_dicts[pl.job_id] if (x["gpu_type"], x["gpus"], x["tp"], x["pp"], x["zero"])
+                 == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero)]
+        source = "marp" if spec.model is not None or spec.model_config is not None else "declared"
+        plan_d: dict[str, Any] = {**(match[0] if match else {}), "source": source, "policy": "frenzy",
+                                  "peers": len(ordered)}
+        if source == "marp":
+            plan_d["step_time_s"] = pl.plan.step_time_s
+        else:
+            plan_d.pop("step_time_s", None)  # an assumption, not a prediction: not shown
+        backend = _backend([og for _, gs in ordered for og in gs])
+        start.append((pl.job_id, Placement(plan_d, _number(ordered), backend)))
+    # Declared jobs HAS could not place on one type: a mix of types may hold them now.
+    placed = {j for j, _ in start} | {j for j, _ in infeasible}
+    for q in queue:
+        if q.job_id in placed or q.spec.model is not None or q.spec.model_config is not None:
+            continue
+        rest = [_without(p, taken) for p in offers]
+        mixed = place(q.spec, rest, headroom=headroom)
+        if mixed is not None:
+            mixed.plan["policy"] = "packing (mixed GPU types)"
+            taken.update(r.gpu for r in mixed.ranks)
+            start.append((q.job_id, mixed))
+    return Schedule(tuple(start), tuple(infeasible), "frenzy")

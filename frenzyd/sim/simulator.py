@@ -1,0 +1,313 @@
+"""Discrete-event simulator: drives one policy through the HAS interface over a workload and a cluster.
+
+Scheduling rounds happen at every arrival, completion and failure, and every
+``policy.round_s`` seconds for round-based policies (Sia 60 s, Gavel 360 s).
+A round tick is skipped only at a fixpoint: nothing happened since the last
+round and that round changed nothing (the policy would see the same jobs,
+placements and free GPUs, only a later clock).  Every placement costs the
+job's restart cost (start-up plus checkpoint read, ``sim.speed``) before it
+makes progress; a preempted job keeps its progress (checkpoint/resume).  A
+placement whose plan does not fit the GPU's memory (only possible for plans
+that are not MARP's, i.e. FIFO's user plans) fails after the restart cost
+and is resubmitted with twice the GPUs, at most ``MAX_OOM_RESUBMITS`` times.
+Decision time is measured with the ``clock`` the driver passes in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from frenzyd.errors import SchedulerError
+from frenzyd.has.interface import (
+    Cluster,
+    Decision,
+    Gpu,
+    JobView,
+    Placement,
+    Policy,
+    Reason,
+    RunningJob,
+    Snapshot,
+    peers_of,
+    tp_inside_peers,
+)
+from frenzyd.marp.spec import Plan
+from frenzyd.sim.model import JobOutcome, PolicyResult, SimJob
+
+MAX_OOM_RESUBMITS = 3
+_EPS = 1e-9
+
+
+def plan_key(plan: Plan) -> tuple[str, int, int, int, int, int, int]:
+    return (plan.gpu_type, plan.gpus, plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batch)
+
+
+def plan_fits(job: SimJob, plan: Plan) -> bool:
+    """Whether ``plan`` fits in memory: a MARP plan of the job, or a ZeRO-3 dp plan MARP found feasible."""
+    if any(plan_key(p) == plan_key(plan) for p in job.plans):
+        return True
+    if plan.zero == 3 and plan.tp == 1 and plan.pp == 1 and plan.dp == plan.gpus:
+        return (plan.gpu_type, plan.gpus) in job.user_fits
+    return False
+
+
+@dataclass(slots=True)
+class _State:
+    job: SimJob
+    remaining: float
+    requested: int
+    status: str = "future"  # future | queued | running | completed | failed | unfinished
+    plan: Plan | None = None
+    gpus: tuple[Gpu, ...] = ()
+    placed_s: float = 0.0
+    ready_s: float = 0.0  # progress starts after the restart cost
+    step_s: float = 0.0
+    oom_pending: bool = False
+    first_start_s: float | None = None
+    end_s: float = 0.0
+    placements: int = 0
+    oom_failures: int = 0
+    last_update_s: float = 0.0
+    version: int = 0
+    service: dict[str, float] = field(default_factory=dict)
+
+    def view(self) -> JobView:
+        return JobView(
+            job_id=self.job.job_id,
+            arrival_s=self.job.arrival_s,
+            requested_gpus=self.requested,
+            plans=self.job.plans,
+            speed=self.job.speed,
+            total_steps=self.job.total_steps,
+            remaining_steps=self.remaining,
+            restarts=max(0, self.placements - 1),
+            service_s=tuple(sorted(self.service.items())),
+            global_batch=self.job.global_batch,
+        )
+
+
+def simulate(
+    policy: Policy,
+    jobs: Sequence[SimJob],
+    cluster: Cluster,
+    *,
+    seed: int,
+    clock: Callable[[], float],
+    progress: Callable[[str], None] | None = None,
+    max_time_s: float = 365 * 86400.0,
+) -> PolicyResult:
+    """Run ``policy`` over ``jobs`` on ``cluster``; every job ends exactly once (completed/failed/unfinished).
+
+    ``clock`` (seconds, monotonic) times each ``decide`` call.  Raises
+    :class:`SchedulerError` when the policy returns an impossible decision
+    (a GPU twice, a GPU not free, a plan on the wrong GPUs, tp across peers).
+    """
+    rng = random.Random(seed)
+    states = {
+        j.job_id: _State(job=j, remaining=float(j.total_steps), requested=j.requested_gpus) for j in jobs
+    }
+    if len(states) != len(jobs):
+        raise SchedulerError("job ids must be unique")
+    speed_of = {t.name: t.speed for t in cluster.types}
+    all_gpus = set(cluster.gpus)
+    free: set[Gpu] = set(all_gpus)
+    arrivals = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
+    next_arrival = 0
+    queue: list[str] = []  # arrival order (resubmissions keep their place)
+    running: dict[str, _State] = {}
+    heap: list[tuple[float, int, str, int]] = []  # (time, kind order, job id, version)
+    busy = 0.0
+    decisions: list[float] = []
+    timeouts = 0
+    now = arrivals[0].arrival_s if arrivals else 0.0
+    round_s = policy.round_s
+    next_tick = now + round_s if round_s else float("inf")
+    last_changed = True
+    ended = 0
+    steps = 0
+
+    def advance(st: _State, t: float) -> None:
+        if st.status != "running":
+            return
+        start = max(st.last_update_s, st.ready_s)
+        if t > start and not st.oom_pending:
+            st.remaining = max(0.0, st.remaining - (t - start) / st.step_s)
+        gpu_t = st.plan.gpu_type if st.plan else ""
+        st.service[gpu_t] = st.service.get(gpu_t, 0.0) + (t - st.last_update_s) * len(st.gpus)
+        st.last_update_s = t
+
+    def release(st: _State, t: float) -> None:
+        nonlocal busy
+        busy += (t - st.placed_s) * len(st.gpus)
+        free.update(st.gpus)
+        running.pop(st.job.job_id, None)
+        st.gpus = ()
+        st.plan = None
+        st.version += 1
+
+    def finish(st: _State, t: float, state: str) -> None:
+        nonlocal ended
+        st.status = state
+        st.end_s = t
+        ended += 1
+
+    def apply(decision: Decision, t: float) -> bool:
+        changed = False
+        for jid in decision.preemptions:
+            st = states.get(jid)
+            if st is None or st.status != "running":
+                raise SchedulerError(f"{policy.name}: preempted job {jid!r} is not running")
+            advance(st, t)
+            release(st, t)
+            st.status = "queued"
+            queue.append(jid)
+            changed = True
+        queue.sort(key=lambda j: (states[j].job.arrival_s, j))
+        used: set[Gpu] = set()
+        for pl in decision.placements:
+            st = states.get(pl.job_id)
+            if st is None or st.status not in ("queued", "running"):
+                raise SchedulerError(f"{policy.name}: placed job {pl.job_id!r} is neither queued nor running")
+            if st.status == "running" and st.plan == pl.plan and set(st.gpus) == set(pl.gpus):
+                continue
+            _check(policy.name, pl, free | set(st.gpus), used)
+            if st.status == "running":
+                advance(st, t)
+                release(st, t)
+            else:
+                queue.remove(pl.job_id)
+            used.update(pl.gpus)
+            free.difference_update(pl.gpus)
+            st.status = "running"
+            st.plan = pl.plan
+            st.gpus = tuple(pl.gpus)
+            st.placed_s = t
+            st.last_update_s = t
+            st.ready_s = t + st.job.speed.restart_cost_s
+            st.placements += 1
+            if st.first_start_s is None:
+                st.first_start_s = t
+            st.step_s = st.job.speed.step_time_s(pl.plan, speed_of[pl.plan.gpu_type], peers_of(pl.gpus))
+            st.oom_pending = not plan_fits(st.job, pl.plan)
+            st.version += 1
+            running[pl.job_id] = st
+            end = st.ready_s if st.oom_pending else st.ready_s + st.remaining * st.step_s
+            heapq.heappush(heap, (end, 1 if st.oom_pending else 0, pl.job_id, st.version))
+            changed = True
+        return changed
+
+    while ended < len(states):
+        # Next event: arrival, completion/failure, or a round tick.
+        t_arr = arrivals[next_arrival].arrival_s if next_arrival < len(arrivals) else float("inf")
+        while heap and (heap[0][2] not in running or states[heap[0][2]].version != heap[0][3]):
+            heapq.heappop(heap)
+        t_end = heap[0][0] if heap else float("inf")
+        t_tick = next_tick if (running or queue) else float("inf")
+        t = min(t_arr, t_end, t_tick)
+        if t == float("inf") or t > max_time_s + (arrivals[0].arrival_s if arrivals else 0.0):
+            break  # stuck: queued jobs the policy never places and nothing left to happen
+        now = t
+        reason: Reason = "round"
+        event = False
+        while heap and heap[0][0] <= now + _EPS:
+            _, kind, jid, ver = heapq.heappop(heap)
+            st = states[jid]
+            if jid not in running or st.version != ver:
+                continue
+            advance(st, now)
+            event = True
+            if kind == 0:
+                release(st, now)
+                finish(st, now, "completed")
+                reason = "completion"
+            else:
+                release(st, now)
+                st.oom_failures += 1
+                reason = "failure"
+                if st.oom_failures > MAX_OOM_RESUBMITS:
+                    finish(st, now, "failed")
+                else:
+                    st.requested *= 2
+                    st.status = "queued"
+                    queue.append(jid)
+        while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_s <= now + _EPS:
+            j = arrivals[next_arrival]
+            next_arrival += 1
+            states[j.job_id].status = "queued"
+            queue.append(j.job_id)
+            event = True
+            if reason == "round":
+                reason = "arrival"
+        queue.sort(key=lambda j: (states[j].job.arrival_s, j))
+        is_tick = now >= next_tick - _EPS
+        if is_tick:
+            while next_tick <= now + _EPS:
+                next_tick += round_s if round_s else float("inf")
+            if not event and not last_changed:
+                if not running and next_arrival >= len(arrivals):
+                    break  # stuck: nothing runs, nothing arrives, the policy places nothing
+                continue  # fixpoint: same state as the last round, only the clock moved
+        for st in running.values():
+            advance(st, now)
+        snap = Snapshot(
+            now_s=now,
+            reason=reason,
+            cluster=cluster,
+            free=tuple(sorted(free)),
+            queued=tuple(states[j].view() for j in queue),
+            running=tuple(
+                RunningJob(job=st.view(), plan=st.plan, gpus=st.gpus, started_s=st.placed_s)
+                for st in sorted(running.values(), key=lambda s: s.job.job_id)
+                if st.plan is not None
+            ),
+        )
+        t0 = clock()
+        decision = policy.decide(snap, rng)
+        decisions.append(clock() - t0)
+        timeouts += decision.solver_timeouts
+        last_changed = apply(decision, now)
+        steps += 1
+        if progress is not None and steps % 2000 == 0:
+            progress(f"{policy.name}: t={now / 3600:.1f} h, {ended}/{len(states)} jobs ended")
+
+    for st in states.values():
+        if st.status in ("running", "queued", "future"):
+            if st.status == "running":
+                advance(st, now)
+                release(st, now)
+            finish(st, now, "unfinished")
+    outcomes = tuple(
+        JobOutcome(
+            job_id=st.job.job_id,
+            state=st.status,
+            arrival_s=st.job.arrival_s,
+            end_s=st.end_s,
+            first_start_s=st.first_start_s,
+            restarts=max(0, st.placements - 1 - st.oom_failures),
+            oom_failures=st.oom_failures,
+        )
+        for st in sorted(states.values(), key=lambda s: s.job.job_id)
+    )
+    return PolicyResult(
+        name=policy.name,
+        outcomes=outcomes,
+        busy_gpu_s=busy,
+        total_gpus=len(all_gpus),
+        decision_s=tuple(decisions),
+        solver_timeouts=timeouts,
+    )
+
+
+def _check(name: str, pl: Placement, available: set[Gpu], used: set[Gpu]) -> None:
+    gpus = pl.gpus
+    if len(gpus) != pl.plan.gpus or len(set(gpus)) != len(gpus):
+        raise SchedulerError(f"{name}: job {pl.job_id} got {len(gpus)} GPUs for a {pl.plan.gpus}-GPU plan")
+    if any(g.gpu_type != pl.plan.gpu_type for g in gpus):
+        raise SchedulerError(f"{name}: job {pl.job_id} placed on GPUs that are not {pl.plan.gpu_type}")
+    if any(g in used or g not in available for g in gpus):
+        raise SchedulerError(f"{name}: job {pl.job_id} placed on a GPU that is not free")
+    if not tp_inside_peers(pl.plan, gpus):
+        raise SchedulerError(f"{name}: job {pl.job_id} has a tensor-parallel group across peers")

@@ -1,0 +1,91 @@
+"""The pool as one daemon sees it, rendered as the status JSON of DESIGN.md §6 (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_GPU_KEYS = ("uuid", "type", "memory_bytes", "free_bytes", "simulated", "leased_to")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """One known peer (this node included): identity, liveness and its latest report."""
+
+    id: str
+    name: str
+    address: str
+    alive: bool
+    report: Mapping[str, Any]
+
+
+def _gpu(g: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: g.get(k) for k in _GPU_KEYS}
+    out["simulated"] = bool(out["simulated"])
+    for extra in ("index", "offered", "utilization"):
+        if extra in g:
+            out[extra] = g[extra]
+    return out
+
+
+def merge_jobs(sources: Iterable[Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Job summaries from several views, the most recently updated version of each, oldest job first."""
+    seen: dict[str, dict[str, Any]] = {}
+    for src in sources:
+        for s in src:
+            if not isinstance(s.get("id"), str):
+                continue
+            old = seen.get(s["id"])
+            if old is None or _num(s.get("updated_at")) > _num(old.get("updated_at")):
+                seen[s["id"]] = dict(s)
+    return sorted(seen.values(), key=lambda s: (_num(s.get("created_at")), s["id"]))
+
+
+def _num(x: object) -> float:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+
+
+def build_status(
+    *,
+    node_id: str,
+    node_name: str,
+    term: int,
+    coordinator: tuple[str, str] | None,
+    peers: Sequence[PeerState],
+    jobs: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The status JSON: ``node``, ``coordinator`` (id, name, term) or null, ``peers``, ``jobs``."""
+    role = "coordinator" if coordinator is not None and coordinator[0] == node_id else "peer"
+    return {
+        "node": {"id": node_id, "name": node_name, "role": role, "term": term},
+        "coordinator": None if coordinator is None else
+        {"id": coordinator[0], "name": coordinator[1], "term": term},
+        "peers": [
+            {
+                "id": p.id,
+                "name": p.name,
+                "address": p.address,
+                "alive": p.alive,
+                "python": p.report.get("python"),
+                "torch": p.report.get("torch"),
+                "gpus": [_gpu(g) for g in p.report.get("gpus") or () if isinstance(g, Mapping)],
+            }
+            for p in sorted(peers, key=lambda p: (p.id != node_id, p.name, p.id))
+        ],
+        "jobs": [
+            {
+                "id": j["id"],
+                "name": j.get("name", ""),
+                "state": j.get("state"),
+                "submitter": j.get("submitter"),
+                "submitter_name": j.get("submitter_name", ""),
+                "plan": j.get("plan"),
+                "ranks": list(j.get("ranks") or ()),
+                "message": j.get("message", ""),
+                "created_at": j.get("created_at"),
+                "updated_at": j.get("updated_at"),
+            }
+            for j in jobs
+        ],
+    }

@@ -1,0 +1,195 @@
+"""Read-only status web server: an HTML page a person reads, the status JSON, and Prometheus metrics.
+
+``GET /`` renders the status JSON of DESIGN.md §6 server-side (no scripts; it
+refreshes itself every few seconds); ``GET /api/v1/status`` is that JSON;
+``GET /metrics`` is the Prometheus text format.  Every other method is refused
+(405) by aiohttp.  Binds to 127.0.0.1 unless the config says otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from frenzyd.metrics import CONTENT_TYPE, MetricsRegistry
+
+log = logging.getLogger(__name__)
+
+StatusProvider = Callable[[], Mapping[str, Any]]
+
+_STATUS: web.AppKey[StatusProvider] = web.AppKey("status")
+_METRICS: web.AppKey[MetricsRegistry] = web.AppKey("metrics")
+
+REFRESH_S = 5
+GIB = 1024**3
+
+
+def build_web_app(status: StatusProvider, metrics: MetricsRegistry) -> web.Application:
+    """The web application; ``status()`` is called on every request (cheap, no I/O)."""
+    app = web.Application(client_max_size=4096)
+    app[_STATUS] = status
+    app[_METRICS] = metrics
+    metrics.bind_status(status)
+    app.router.add_get("/", _page)
+    app.router.add_get("/api/v1/status", _status_json)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _snapshot(request: web.Request, path: str) -> Mapping[str, Any]:
+    request.app[_METRICS].web_requests.labels(path=path).inc()
+    try:
+        return request.app[_STATUS]()
+    except Exception as exc:
+        log.exception("status provider failed")
+        raise web.HTTPServiceUnavailable(text=f"status unavailable: {exc}") from exc
+
+
+async def _status_json(request: web.Request) -> web.Response:
+    st = _snapshot(request, "/api/v1/status")
+    return web.Response(text=json.dumps(st, default=str), content_type="application/json")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    metrics = request.app[_METRICS]
+    metrics.web_requests.labels(path="/metrics").inc()
+    return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _page(request: web.Request) -> web.Response:
+    st = _snapshot(request, "/")
+    return web.Response(text=render_page(st), content_type="text/html")
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _short(node_id: object) -> str:
+    s = "" if node_id is None else str(node_id)
+    return s[:12]
+
+
+def _gib(n: object) -> str:
+    try:
+        return f"{int(n) / GIB:.1f}"  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return "?"
+
+
+def render_page(st: Mapping[str, Any]) -> str:
+    """The status page for one status JSON object (every value HTML-escaped)."""
+    node = st.get("node") or {}
+    coord = st.get("coordinator")
+    peers = list(st.get("peers") or [])
+    jobs = list(st.get("jobs") or [])
+    names = {p.get("id"): p.get("name") for p in peers}
+
+    out: list[str] = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<meta http-equiv='refresh' content='{REFRESH_S}'>",
+        f"<title>Frenzy pool: {_e(node.get('name'))}</title>",
+        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#eee}"
+        ".dead{color:#999}.sim{color:#a60}code{font-size:90%}</style></head><body>",
+        f"<h1>Frenzy pool — {_e(node.get('name'))}</h1>",
+        f"<p>This node: <b>{_e(node.get('name'))}</b> (<code>{_e(_short(node.get('id')))}</code>), "
+        f"role <b>{_e(node.get('role'))}</b>, term {_e(node.get('term'))}.<br>",
+    ]
+    if coord:
+        out.append(
+            f"Coordinator: <b>{_e(coord.get('name'))}</b> (<code>{_e(_short(coord.get('id')))}</code>), "
+            f"term {_e(coord.get('term'))}.</p>"
+        )
+    else:
+        out.append("Coordinator: <b>none yet</b> (election in progress or no live peers).</p>")
+
+    # GPUs by type across live peers
+    by_type: dict[str, list[int]] = {}
+    for p in peers:
+        if not p.get("alive"):
+            continue
+        for g in p.get("gpus") or []:
+            row = by_type.setdefault(str(g.get("type")), [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += 0 if g.get("leased_to") else 1
+            row[2] += int(g.get("free_bytes") or 0)
+            row[3] += 1 if g.get("simulated") else 0
+    out.append(f"<h2>GPUs by type ({sum(r[0] for r in by_type.values())})</h2>")
+    out.append("<table><tr><th>type</th><th>GPUs</th><th>not leased</th><th>free memory (GiB)</th>"
+               "<th>simulated</th></tr>")
+    for gtype, (n, unleased, free, sim) in sorted(by_type.items()):
+        out.append(f"<tr><td>{_e(gtype)}</td><td>{n}</td><td>{unleased}</td><td>{_gib(free)}</td>"
+                   f"<td>{sim}</td></tr>")
+    out.append("</table>")
+
+    out.append(f"<h2>Peers ({sum(1 for p in peers if p.get('alive'))} alive of {len(peers)})</h2>")
+    out.append("<table><tr><th>name</th><th>id</th><th>address</th><th>alive</th><th>GPUs</th></tr>")
+    for p in sorted(peers, key=lambda p: str(p.get("name"))):
+        gpus = []
+        for g in p.get("gpus") or []:
+            mem = f"{_gib(g.get('free_bytes'))}/{_gib(g.get('memory_bytes'))}"
+            label = f"{_e(g.get('type'))} {mem} GiB free"
+            if g.get("leased_to"):
+                label += f", job <code>{_e(g.get('leased_to'))}</code>"
+            if g.get("simulated"):
+                label = f"<span class='sim'>{label} (simulated)</span>"
+            gpus.append(label)
+        cls = "" if p.get("alive") else " class='dead'"
+        out.append(
+            f"<tr{cls}><td>{_e(p.get('name'))}</td><td><code>{_e(_short(p.get('id')))}</code></td>"
+            f"<td>{_e(p.get('address'))}</td><td>{'yes' if p.get('alive') else 'no'}</td>"
+            f"<td>{'<br>'.join(gpus) or '—'}</td></tr>"
+        )
+    out.append("</table>")
+
+    out.append(f"<h2>Jobs ({len(jobs)})</h2>")
+    out.append("<table><tr><th>id</th><th>state</th><th>submitter</th><th>plan</th><th>ranks</th></tr>")
+    for j in jobs:
+        plan = j.get("plan")
+        plan_text = (
+            ", ".join(f"{_e(k)}={_e(v)}" for k, v in plan.items()) if isinstance(plan, Mapping) else "—"
+        )
+        ranks = ", ".join(
+            f"{_e(r.get('rank'))}@{_e(names.get(r.get('peer')) or _short(r.get('peer')))}"
+            f":{_e(r.get('gpu'))}"
+            for r in j.get("ranks") or []
+        )
+        sub = j.get("submitter")
+        out.append(
+            f"<tr><td><code>{_e(j.get('id'))}</code></td><td>{_e(j.get('state'))}</td>"
+            f"<td>{_e(names.get(sub) or _short(sub))}</td><td>{plan_text}</td><td>{ranks or '—'}</td></tr>"
+        )
+    out.append("</table>")
+    out.append("<p><a href='/api/v1/status'>status JSON</a> · <a href='/metrics'>metrics</a></p>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+class WebServer:
+    """Runs an application on host:port inside the caller's event loop (port 0 picks a free port)."""
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 7480) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        """Listen; return the bound port."""
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None)
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,402 @@
+"""Benchmark HAS against Sia, Gavel and FIFO: a JCT grid and a decision-overhead sweep.
+
+JCT grid: seeds × clusters (the shipped lab pool; a seeded 64-GPU slice of
+Alibaba's node list with its real type mix) × loads × mapping rules; every
+policy runs on the same jobs in one process.  Every cell is printed, the
+losses too, each policy's average JCT also as a multiple of the ``limit``
+(every job alone on its fastest feasible plan).
+
+Overhead sweep: one decision of every policy (a fresh instance) on the very
+same cluster snapshot, pool 16 → 4096 GPUs and queue 10 → 1000 jobs, half the
+pool busy with running jobs.  Sia's solve is capped (``--sia-time-limit``);
+cap hits are reported, not skipped.
+
+    PYTHONPATH=. python scripts/bench_sched.py --out bench_sched.json
+    PYTHONPATH=. python scripts/bench_sched.py --tiny --out /tmp/bench_sched_tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from frenzyd.gpu_types import GPU_TYPES  # noqa: E402
+from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot  # noqa: E402
+from frenzyd.has.registry import load_policy  # noqa: E402
+from frenzyd.sim import jobs as sim_jobs  # noqa: E402
+from frenzyd.sim.cluster import alibaba_cluster, parse_cluster_toml  # noqa: E402
+from frenzyd.sim.mapping import map_jobs  # noqa: E402
+from frenzyd.sim.run import run_policies  # noqa: E402
+from frenzyd.sim.simulator import _State  # noqa: E402
+from frenzyd.sim.trace import busy_window, parse_philly_csv  # noqa: E402
+
+DATA = ROOT / "frenzyd" / "sim" / "data"
+POLICIES = ("frenzy", "sia", "gavel", "fifo")
+BASELINES = ("sia", "gavel", "fifo")
+SWEEP_TYPES = ("T4", "RTX-3090", "RTX-A6000", "A100-40GB", "A100-80GB")
+
+
+def log(msg: str) -> None:
+    print(f"[bench_sched {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], check=False, cwd=ROOT, capture_output=True, text=True
+        )
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+# ----------------------------------------------------------------------------- JCT grid
+
+
+def clusters(tiny: bool) -> dict[str, Cluster]:
+    lab = parse_cluster_toml((DATA / "lab.toml").read_text())
+    ali = alibaba_cluster((DATA / "alibaba-openb-gpu-nodes.csv").read_text(), target_gpus=64, seed=0)
+    return {"lab-20": lab, "alibaba-64": ali}
+
+
+def jct_grid(args: argparse.Namespace, source: Any) -> list[dict[str, Any]]:
+    trace = parse_philly_csv((DATA / "philly.csv").read_text())
+    cells: list[dict[str, Any]] = []
+    for cname, cluster in clusters(args.tiny).items():
+        for load in args.loads:
+            for mapping in args.mappings:
+                for seed in range(args.seeds):
+                    t0 = time.perf_counter()
+                    window = busy_window(trace, args.jobs, seed)
+                    jobs, dropped = sim_jobs.prepare_jobs(
+                        map_jobs(window, mapping, seed), cluster, source, load=load
+                    )
+                    policies = [load_policy(p, sia_time_limit_s=args.sia_time_limit) for p in POLICIES]
+                    body, results = run_policies(policies, jobs, cluster, seed=seed, clock=time.perf_counter)
+                    # Average JCT over the jobs every policy completed (FIFO drops jobs it cannot fit).
+                    done = [
+                        {o.job_id: o.end_s - o.arrival_s for o in r.outcomes if o.state == "completed"}
+                        for r in results
+                    ]
+                    common_ids = set.intersection(*(set(d) for d in done)) if done else set()
+                    common = {"jobs": len(common_ids)}
+                    for r, d in zip(results, done, strict=True):
+                        common[r.name] = statistics.fmean(d[k] for k in common_ids) if common_ids else 0.0
+                    cell = {
+                        "cluster": cname,
+                        "gpus": len(cluster.gpus),
+                        "load": load,
+                        "mapping": mapping,
+                        "seed": seed,
+                        "jobs": len(jobs),
+                        "dropped_infeasible": dropped,
+                        "wall_s": time.perf_counter() - t0,
+                        **body,
+                        "common_completed_avg_jct_s": common,
+                    }
+                    cells.append(cell)
+                    pol = cell["policies"]
+                    log(
+                        f"{cname} load={load:g} {mapping} seed={seed}: "
+                        + ", ".join(f"{n} {pol[n]['avg_jct_s'] / 3600:.2f}h" for n in POLICIES)
+                        + f" ({cell['wall_s']:.0f}s)"
+                    )
+    return cells
+
+
+def summarise_grid(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Seed means per (cluster, load, mapping) and Frenzy's gain over the best baseline."""
+    groups: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["cluster"], c["load"], c["mapping"]), []).append(c)
+    rows = []
+    for (cname, load, mapping), cs in groups.items():
+        row: dict[str, Any] = {"cluster": cname, "load": load, "mapping": mapping, "seeds": len(cs)}
+        for p in POLICIES:
+            row[p] = {
+                k: statistics.fmean(c["policies"][p][k] for c in cs)
+                for k in ("avg_jct_s", "p99_jct_s", "makespan_s", "utilization", "failed", "restarts")
+            }
+            row[p]["x_limit"] = statistics.fmean(
+                c["policies"][p]["avg_jct_s"] / c["limit"]["avg_jct_s"] for c in cs
+            )
+        best = min(BASELINES, key=lambda p: row[p]["avg_jct_s"])
+        row["best_baseline"] = best
+        row["frenzy_gain_vs_best"] = 1.0 - row["frenzy"]["avg_jct_s"] / row[best]["avg_jct_s"]
+        row["frenzy_p99_vs_best"] = row["frenzy"]["p99_jct_s"] / row[best]["p99_jct_s"]
+        row["meets_18pct"] = row["frenzy_gain_vs_best"] >= 0.18 and row["frenzy_p99_vs_best"] <= 1.0
+        # The same comparison on the jobs every policy completed (a baseline that fails jobs drops them).
+        common = {p: statistics.fmean(c["common_completed_avg_jct_s"][p] for c in cs) for p in POLICIES}
+        best_c = min(BASELINES, key=lambda p: common[p])
+        row["common_completed"] = {
+            "jobs": statistics.fmean(c["common_completed_avg_jct_s"]["jobs"] for c in cs),
+            **common,
+            "best_baseline": best_c,
+            "frenzy_gain_vs_best": 1.0 - common["frenzy"] / common[best_c] if common[best_c] else 0.0,
+        }
+        rows.append(row)
+    return rows
+
+
+def print_grid(rows: list[dict[str, Any]]) -> None:
+    print("\nJCT grid (seed means; avg JCT in hours, x = multiple of the limit; p99 in hours)")
+    head = f"{'cluster':<11}{'load':>5} {'mapping':<8}"
+    for p in POLICIES:
+        head += f"{p + ' avg':>12}{'x':>6}{'p99':>7}"
+    head += f"{'best base':>10}{'gain':>7}{'p99 ratio':>10}{'fail f/s/g/fifo':>17}{'common gain':>12}"
+    print(head)
+    for r in rows:
+        line = f"{r['cluster']:<11}{r['load']:>5g} {r['mapping']:<8}"
+        for p in POLICIES:
+            line += (
+                f"{r[p]['avg_jct_s'] / 3600:>12.2f}{r[p]['x_limit']:>6.2f}{r[p]['p99_jct_s'] / 3600:>7.2f}"
+            )
+        fails = "/".join(f"{r[p]['failed']:.0f}" for p in POLICIES)
+        line += (
+            f"{r['best_baseline']:>10}{r['frenzy_gain_vs_best'] * 100:>6.1f}%{r['frenzy_p99_vs_best']:>10.2f}"
+        )
+        line += f"{fails:>17}"
+        cc = r["common_completed"]
+        line += f"{cc['frenzy_gain_vs_best'] * 100:>7.1f}% {cc['best_baseline']}"
+        print(line)
+    print(
+        "gain = 1 - frenzy avg JCT / best baseline avg JCT (seed means); p99 ratio = frenzy p99 / that "
+        "baseline's p99;\ncommon gain = the same on the jobs every policy completed (FIFO fails jobs it "
+        "cannot fit, which shortens its own average)."
+    )
+
+
+# ----------------------------------------------------------------------------- overhead sweep
+
+
+def sweep_cluster(n_gpus: int) -> Cluster:
+    """``n_gpus`` GPUs on 4-GPU peers, types cycling over five lab types."""
+    gpus = []
+    used: dict[str, GpuTypeSpec] = {}
+    for k in range(max(1, n_gpus // 4)):
+        t = SWEEP_TYPES[k % len(SWEEP_TYPES)]
+        info = GPU_TYPES[t]
+        used[t] = GpuTypeSpec(t, info.memory_bytes, info.speed)
+        gpus += [Gpu(f"peer-{k:04d}", i, t) for i in range(4)]
+    return Cluster(types=tuple(used[t] for t in sorted(used)), gpus=tuple(sorted(gpus)))
+
+
+def sweep_snapshot(cluster: Cluster, queue: int, source: Any, trace: Any, seed: int) -> Snapshot:
+    """Half the pool busy with running jobs (placed by first fit on their fastest plan), ``queue`` queued."""
+    window = busy_window(trace, 200, seed)
+    llm = map_jobs(window, "gputime", seed)
+    need = queue + len(cluster.gpus)  # enough jobs to fill half the pool and the queue
+    many = [
+        type(j)(
+            f"s{i:05d}", float(i), j.requested_gpus, j.model, j.seq_len, j.global_batch, j.trace_duration_s
+        )
+        for i, j in zip(range(need), (llm[k % len(llm)] for k in range(need)), strict=False)
+    ]
+    jobs, _ = sim_jobs.prepare_jobs(many, cluster, source, max_gpus=64)
+    free = {g.gpu_type: sorted(g2 for g2 in cluster.gpus if g2.gpu_type == g.gpu_type) for g in cluster.gpus}
+    target = len(cluster.gpus) // 2
+    busy = 0
+    running: list[RunningJob] = []
+    rest = []
+    for j in jobs:
+        placed = False
+        if busy < target:
+            for p in sorted(j.plans, key=lambda p: p.gpus):
+                pool = free[p.gpu_type]
+                if p.tp == 1 and len(pool) >= p.gpus and p.gpus <= 8:
+                    gs = tuple(pool[: p.gpus])
+                    del pool[: p.gpus]
+                    busy += p.gpus
+                    st = _State(job=j, remaining=j.total_steps / 2, requested=j.requested_gpus)
+                    running.append(RunningJob(st.view(), p, gs, j.arrival_s))
+                    placed = True
+                    break
+        if not placed:
+            rest.append(j)
+    queued = tuple(
+        _State(job=j, remaining=j.total_steps, requested=j.requested_gpus).view() for j in rest[:queue]
+    )
+    free_all = tuple(sorted(g for pool in free.values() for g in pool))
+    now = float(need) + 3600.0
+    return Snapshot(now, "arrival", cluster, free_all, queued, tuple(running))
+
+
+def overhead_sweep(args: argparse.Namespace, source: Any) -> list[dict[str, Any]]:
+    trace = parse_philly_csv((DATA / "philly.csv").read_text())
+    out = []
+    # Warm every policy's code path once (first calls pay interpreter and import warm-up).
+    warm = sweep_snapshot(sweep_cluster(16), 10, source, trace, seed=0)
+    for p in POLICIES:
+        load_policy(p, sia_time_limit_s=args.sia_time_limit).decide(warm, random.Random(0))
+    for n_gpus in args.pool_sizes:
+        cluster = sweep_cluster(n_gpus)
+        for queue in args.queue_sizes:
+            snap = sweep_snapshot(cluster, queue, source, trace, seed=0)
+            row: dict[str, Any] = {
+                "gpus": len(cluster.gpus),
+                "queued": len(snap.queued),
+                "running": len(snap.running),
+                "policies": {},
+            }
+            for p in POLICIES:
+                reps = 1 if (p == "sia" and (n_gpus >= 1024 or queue >= 1000)) else args.reps
+                times = []
+                timeouts = 0
+                placed = 0
+                for _ in range(reps):
+                    pol = load_policy(p, sia_time_limit_s=args.sia_time_limit)
+                    t0 = time.perf_counter()
+                    d = pol.decide(snap, random.Random(0))
+                    times.append(time.perf_counter() - t0)
+                    timeouts += d.solver_timeouts
+                    placed = len(d.placements)
+                row["policies"][p] = {
+                    "median_ms": statistics.median(times) * 1e3,
+                    "reps": reps,
+                    "solver_timeouts": timeouts,
+                    "placements": placed,
+                }
+            out.append(row)
+            log(
+                f"overhead {row['gpus']} GPUs, {row['queued']} queued, {row['running']} running: "
+                + ", ".join(f"{p} {row['policies'][p]['median_ms']:.1f}ms" for p in POLICIES)
+            )
+    return out
+
+
+def growth(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Least-squares exponents a, b of ``time ≈ c · gpus^a · queue^b`` per policy."""
+    out = {}
+    for p in POLICIES:
+        pts = [
+            (
+                math.log(r["gpus"]),
+                math.log(max(1, r["queued"])),
+                math.log(max(r["policies"][p]["median_ms"], 1e-6)),
+            )
+            for r in rows
+        ]
+        if len(pts) < 3:
+            out[p] = {"gpus_exponent": float("nan"), "queue_exponent": float("nan")}
+            continue
+        import numpy as np
+
+        a = np.array([[x, y, 1.0] for x, y, _ in pts])
+        b = np.array([z for _, _, z in pts])
+        coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+        out[p] = {"gpus_exponent": float(coef[0]), "queue_exponent": float(coef[1])}
+    return out
+
+
+def print_sweep(rows: list[dict[str, Any]], grow: dict[str, dict[str, float]]) -> None:
+    print("\nDecision time per round on identical snapshots (ms, median; Sia: solver cap hits in brackets)")
+    head = (
+        f"{'GPUs':>6}{'queued':>8}{'running':>8}"
+        + "".join(f"{p:>14}" for p in POLICIES)
+        + f"{'sia/frenzy':>12}"
+    )
+    print(head)
+    for r in rows:
+        line = f"{r['gpus']:>6}{r['queued']:>8}{r['running']:>8}"
+        for p in POLICIES:
+            cell = f"{r['policies'][p]['median_ms']:.2f}"
+            if r["policies"][p]["solver_timeouts"]:
+                cell += f" [{r['policies'][p]['solver_timeouts']}]"
+            line += f"{cell:>14}"
+        ratio = r["policies"]["sia"]["median_ms"] / max(r["policies"]["frenzy"]["median_ms"], 1e-9)
+        line += f"{ratio:>11.0f}x"
+        print(line)
+    print(
+        "growth exponents (time ~ gpus^a * queue^b): "
+        + ", ".join(f"{p} a={g['gpus_exponent']:.2f} b={g['queue_exponent']:.2f}" for p, g in grow.items())
+    )
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--tiny", action="store_true", help="CI size: one seed, one load and mapping, small sweep"
+    )
+    ap.add_argument("--out", type=Path, help="write the JSON results here")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs per simulation (default 160; tiny 30)")
+    ap.add_argument(
+        "--sia-time-limit", type=float, default=None, help="seconds per Sia solve (default 10; tiny 2)"
+    )
+    ap.add_argument("--skip-grid", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.seeds, args.loads, args.mappings = 1, [1.0], ["gpus"]
+        args.jobs = args.jobs or 30
+        args.pool_sizes, args.queue_sizes, args.reps = [16, 64], [10, 100], 1
+        args.sia_time_limit = args.sia_time_limit or 2.0
+    else:
+        args.seeds, args.loads, args.mappings = 3, [1.0, 2.0], ["gpus", "gputime"]
+        args.jobs = args.jobs or 160
+        args.pool_sizes, args.queue_sizes, args.reps = [16, 64, 256, 1024, 4096], [10, 100, 1000], 3
+        args.sia_time_limit = args.sia_time_limit or 10.0
+    source = sim_jobs.MarpPlanSource()
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "argv": [sys.executable, *sys.argv],
+        "git_commit": git_commit(),
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": {
+            "tiny": args.tiny,
+            "jobs": args.jobs,
+            "seeds": args.seeds,
+            "loads": args.loads,
+            "mappings": args.mappings,
+            "sia_time_limit_s": args.sia_time_limit,
+            "pool_sizes": args.pool_sizes,
+            "queue_sizes": args.queue_sizes,
+        },
+    }
+    if not args.skip_grid:
+        cells = jct_grid(args, source)
+        rows = summarise_grid(cells)
+        print_grid(rows)
+        result["jct_cells"] = cells
+        result["jct_summary"] = rows
+    if not args.skip_sweep:
+        sweep = overhead_sweep(args, source)
+        grow = growth(sweep)
+        print_sweep(sweep, grow)
+        result["overhead"] = sweep
+        result["overhead_growth"] = grow
+    result["wall_s"] = time.perf_counter() - t0
+    print(f"\ntotal {result['wall_s']:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

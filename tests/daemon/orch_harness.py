@@ -1,0 +1,148 @@
+"""Test harness: several orchestrators with real launchers, linked by an in-process router.
+
+The router encodes and decodes every message with the real wire codec (schemas checked) and
+calls the receiving orchestrator's handler; the election view is set by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frenzyd import launcher as launcher_mod
+from frenzyd import wire
+from frenzyd.errors import DaemonUnreachable
+from frenzyd.launcher import Launcher, RankSpec
+from frenzyd.orchestrator import ClusterView, Orchestrator, Versions
+
+GIB = 1 << 30
+PY = ".".join(map(str, sys.version_info[:3]))
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    r, w = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(r + 1)])
+    dist.all_reduce(t)
+    print(f"rank {r}/{w} sum {t.item():.0f} args {' '.join(sys.argv[1:])}", flush=True)
+    if r == 0:
+        out = os.environ["FRENZY_OUTPUT_DIR"]
+        with open(os.path.join(out, "result.txt"), "w") as f:
+            f.write(f"sum={t.item():.0f}\\n")
+    dist.destroy_process_group()
+    sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+    """
+)
+
+
+@dataclass
+class Node:
+    nid: str
+    orch: Orchestrator
+    gpus: list[dict[str, Any]]
+    stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+
+
+class Pool:
+    """N orchestrators, an in-process router, and an election view the test controls."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.nodes: dict[str, Node] = {}
+        self.coordinator: str | None = None
+        self.term = 1
+        self.down: set[str] = set()
+        self.torch_version = "2.13.0"
+
+    def view(self) -> ClusterView:
+        peers = {nid: n.orch.report() | {"name": nid, "address": "127.0.0.1:1"}
+                 for nid, n in self.nodes.items() if nid not in self.down}
+        return ClusterView(self.coordinator, self.term, peers)
+
+    def sender(self, src: str) -> Any:
+        async def send(dst: str, kind: str, body: dict[str, Any], limit: float) -> dict[str, Any]:
+            if dst in self.down or src in self.down or dst not in self.nodes:
+                raise DaemonUnreachable(f"{dst} is down")
+            msg = wire.decode(wire.encode(kind, body))
+            handler = self.nodes[dst].orch.handlers()[msg.kind]
+            reply = await asyncio.wait_for(handler(src, msg.body), limit)
+            return wire.decode(wire.encode("ok", reply)).body
+        return send
+
+    def add(self, nid: str, gpus: int, gpu_type: str = "T4", torch: str | None = None) -> Node:
+        data = self.tmp / nid
+        data.mkdir(parents=True, exist_ok=True)
+        launcher = Launcher(data, term_grace_s=2.0)
+        decl = [{"uuid": f"SIM-{nid}-{i}", "index": i, "type": gpu_type, "memory_bytes": 16 * GIB,
+                 "free_bytes": 16 * GIB, "simulated": True, "offered": True} for i in range(gpus)]
+        orch = Orchestrator(
+            node_id=nid, node_name=nid, data_dir=data, host="127.0.0.1",
+            send=self.sender(nid), send_order=self.sender(nid), view=self.view, gpus=lambda: decl,
+            launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
+            collect_results=launcher_mod.collect_results,
+            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2,
+        )
+        node = Node(nid, orch, decl, asyncio.Event())
+        self.nodes[nid] = node
+        return node
+
+    def start(self) -> None:
+        for n in self.nodes.values():
+            if n.task is None:
+                n.task = asyncio.create_task(n.orch.run(n.stop))
+
+    async def close(self) -> None:
+        for n in self.nodes.values():
+            n.stop.set()
+        for n in self.nodes.values():
+            if n.task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(n.task, 20)
+            await n.orch.launcher.close()
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
+    p = Pool(tmp_path)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def job_dir(tmp: Path, script: str = DDP_SCRIPT) -> Path:
+    d = tmp / "job"
+    d.mkdir(exist_ok=True)
+    (d / "train.py").write_text(script)
+    return d
+
+
+async def wait_state(node: Node, job_id: str, states: set[str], limit: float = 90) -> dict[str, Any]:
+    async with asyncio.timeout(limit):
+        async for ev in node.orch.store.follow(job_id):
+            if ev["type"] == "state" and ev["job"]["state"] in states:
+                return dict(ev["job"])
+    raise AssertionError(f"job {job_id} never reached {states}")
+
+
+async def eventually(pred: Any, limit: float = 30) -> None:
+    """Wait until ``pred()`` holds (state that has no event to await: leases, table entries)."""
+    async with asyncio.timeout(limit):
+        while True:
+            if pred():
+                return
+            await asyncio.sleep(0.05)
+
+
+def request(d: Path, nproc: int = 2, mem: int = GIB, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"workdir": str(d), "argv": ["train.py", *args], "nproc": nproc, "mem_per_rank": mem}

@@ -1,0 +1,174 @@
+"""frenzy-client run/status/jobs/logs/cancel as a user runs them (subprocesses) against a real client API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frenzy_client.cmd_jobs import parse_bytes
+from frenzyd.client_api import ClientApi
+from frenzyd.errors import ConfigError
+from frenzyd.state import PeerState, build_status
+
+from .orch_harness import DDP_SCRIPT, Pool, job_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def status_of(pool: Pool, nid: str) -> Any:
+    def status() -> dict[str, Any]:
+        v = pool.view()
+        return build_status(
+            node_id=nid, node_name=nid, term=v.term,
+            coordinator=(v.coordinator, v.coordinator) if v.coordinator else None,
+            peers=[PeerState(p, p, "127.0.0.1:1", True, r) for p, r in v.peers.items()],
+            jobs=pool.nodes[nid].orch.jobs_view(v),
+        )
+    return status
+
+
+class Env:
+    def __init__(self, pool: Pool, unix: ClientApi, tcp: ClientApi, tmp: Path) -> None:
+        self.pool, self.unix, self.tcp, self.tmp = pool, unix, tcp, tmp
+
+    async def cli(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                  daemon: str | None = "unix") -> tuple[int, str, str]:
+        full = [sys.executable, "-m", "frenzy_client", args[0]]
+        if daemon == "unix":
+            full += ["--daemon", self.unix.address]
+        elif daemon == "tcp":
+            full += ["--daemon", self.tcp.address]
+        full += list(args[1:])
+        e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        e.pop("FRENZY_DAEMON", None)
+        proc = await asyncio.create_subprocess_exec(*full, cwd=cwd or self.tmp, env=e,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    pool = Pool(tmp_path)
+    pool.add("a", 2)
+    pool.coordinator = "a"
+    pool.start()
+    orch = pool.nodes["a"].orch
+    unix = ClientApi(f"unix:{tmp_path}/a/client.sock", tmp_path / "a", orch, status_of(pool, "a"))
+    tcp = ClientApi("127.0.0.1:0", tmp_path / "a", orch, status_of(pool, "a"))
+    await unix.start()
+    await tcp.start()
+    try:
+        yield Env(pool, unix, tcp, tmp_path)
+    finally:
+        await unix.stop()
+        await tcp.stop()
+        await pool.close()
+
+
+async def test_run_streams_output_placement_and_results(env: Env) -> None:
+    d = job_dir(env.tmp, DDP_SCRIPT)
+    res = env.tmp / "results"
+    rc, out, err = await env.cli("run", "--nproc", "2", "--mem-per-rank", "1GiB", "--results-dir", str(res),
+                                 "--", "train.py", "--lr", "3e-4", cwd=d)
+    assert rc == 0, err
+    assert "[rank 0] rank 0/2 sum 3 args --lr 3e-4" in out
+    assert "[rank 1] rank 1/2 sum 3" in out
+    assert "plan: 2 x T4" in err
+    assert "rank 0 -> peer a gpu SIM-a-0" in err
+    assert "succeeded" in err
+    assert (res / "result.txt").read_text() == "sum=3\n"
+
+
+async def test_failed_job_exits_nonzero(env: Env) -> None:
+    d = job_dir(env.tmp, "import sys\nsys.exit(5)\n")
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--", "train.py", cwd=d)
+    assert rc == 1
+    assert "rank 0 exited 5" in err
+
+
+async def test_detach_jobs_logs_cancel_json(env: Env) -> None:
+    d = job_dir(env.tmp, "import time\nprint('tick', flush=True)\ntime.sleep(600)\n")
+    rc, out, err = await env.cli("run", "--detach", "--nproc", "1", "--mem-per-rank", "1GiB", "--",
+                                 "train.py", cwd=d)
+    assert rc == 0, err
+    job_id = out.strip()
+    orch = env.pool.nodes["a"].orch
+    async with asyncio.timeout(60):
+        async for ev in orch.store.follow(job_id):
+            if ev["type"] == "output" and "tick" in ev["data"]:
+                break
+    rc, out, _ = await env.cli("jobs", "--json")
+    assert rc == 0
+    jobs = {j["id"]: j for j in json.loads(out)["jobs"]}
+    assert jobs[job_id]["state"] == "running"
+    rc, out, _ = await env.cli("logs", job_id, "--json")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert any(e["type"] == "output" and "tick" in e["data"] for e in events)
+    rc, out, _ = await env.cli("logs", job_id)
+    assert "[rank 0] tick" in out
+    rc, out, _ = await env.cli("cancel", job_id)
+    assert rc == 0
+    assert "cancelled" in out
+    rc, out, _ = await env.cli("logs", job_id, "--follow")
+    assert rc == 3  # a cancelled job's status
+
+
+async def test_status_json_over_tcp_needs_the_token(env: Env) -> None:
+    rc, _, err = await env.cli("status", "--json", daemon="tcp")
+    assert rc == 1
+    assert "token" in err
+    rc, _, err = await env.cli("status", "--json", daemon="tcp", env={"FRENZY_TOKEN": "wrong"})
+    assert rc == 1
+    assert "wrong API token" in err
+    token = env.tmp / "a" / "client.token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert (env.tmp / "a" / "client.sock").stat().st_mode & 0o777 == 0o660  # file permissions gate it
+    rc, out, err = await env.cli("status", "--json", "--token-file", str(token), daemon="tcp")
+    assert rc == 0, err
+    st = json.loads(out)
+    assert set(st) == {"node", "coordinator", "peers", "jobs"}
+    assert st["node"]["role"] == "coordinator"
+    assert [g["uuid"] for g in st["peers"][0]["gpus"]] == ["SIM-a-0", "SIM-a-1"]
+    assert all(g["simulated"] for g in st["peers"][0]["gpus"])
+    rc, out, _ = await env.cli("status", daemon="tcp", env={"FRENZY_TOKEN_FILE": str(token)})
+    assert rc == 0
+    assert "role coordinator" in out
+
+
+async def test_user_errors_are_messages_not_tracebacks(env: Env) -> None:
+    d = job_dir(env.tmp)
+    rc, _, err = await env.cli("run", "--", "train.py", cwd=d)
+    assert rc == 1
+    assert "--nproc N --mem-per-rank" in err
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--", "missing.py", cwd=d)
+    assert rc == 1
+    assert "not found" in err
+    rc, _, err = await env.cli("status", daemon=None, env={"FRENZY_DAEMON": f"unix:{env.tmp}/nope.sock"})
+    assert rc == 1
+    assert "cannot reach frenzyd" in err
+    rc, _, err = await env.cli("logs", "no-such-job")
+    assert rc == 1
+    assert "no job" in err
+    for e in (err,):
+        assert "Traceback" not in e
+
+
+@pytest.mark.parametrize(("text", "value"), [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1G", 10**9),
+                                             ("1024", 1024), ("1.5GiB", 3 << 29)])
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+def test_parse_bytes_rejects_garbage() -> None:
+    with pytest.raises(ConfigError, match="4GiB"):
+        parse_bytes("lots")

@@ -1,0 +1,132 @@
+"""Real frenzyd processes on loopback: mesh, a 2-rank gloo job across peers, restart, failover.
+
+Three daemons (``frenzyd --config``) with static peers on 127.0.0.1, mutual TLS, simulated
+GPUs of different types, driven only through ``frenzy-client`` (unix sockets).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from _pool import Daemon, NodeConf, cli, full_mesh, make_pool, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+DDP_TINY = ROOT / "frenzyd" / "examples" / "ddp_tiny.py"
+# A 20 GiB rank fits the A100 and the A6000 but not the T4: a 2-rank job from n2 runs on n0 and n1.
+DEVICES = [[("A100-80GB", 1)], [("RTX-A6000", 1)], [("T4", 1)]]
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run(d: Daemon, *args: str, check: bool = True, timeout: float = 300) -> str:
+    """``frenzy-client SUB --daemon ADDR ARGS`` (client options before the script's ``--``)."""
+    return cli(args[0], "--daemon", d.address, *args[1:], check=check, timeout=timeout)
+
+
+def job_state(d: Daemon, job_id: str) -> str | None:
+    try:
+        jobs = json.loads(run(d, "jobs", "--json", timeout=30))["jobs"]
+    except (RuntimeError, ValueError):
+        return None
+    return next((j["state"] for j in jobs if j["id"] == job_id), None)
+
+
+def coordinator(st: dict[str, Any] | None) -> str | None:
+    return ((st or {}).get("coordinator") or {}).get("id")
+
+
+@pytest.mark.timeout(600)
+def test_loopback_pool_runs_jobs_survives_restart_and_failover(tmp_path: Path) -> None:
+    names = ["n0", "n1", "n2"]
+    creds = make_pool(tmp_path / "pool", names)
+    ports, webs = free_ports(3), free_ports(3)
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    shutil.copy(DDP_TINY, jobdir / "ddp_tiny.py")
+    daemons = [
+        Daemon(NodeConf(
+            name=name, base=tmp_path / name, credentials=creds[name], devices=DEVICES[i],
+            listen=f"127.0.0.1:{ports[i]}", web=f"127.0.0.1:{webs[i]}", interfaces=["lo"], mdns=False,
+            peers=[f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i], priority=10 if i == 0 else 0,
+            heartbeat_s=0.5, peer_timeout_s=2.0, rendezvous_ports=(29500 + 20 * i, 29519 + 20 * i),
+        ))
+        for i, name in enumerate(names)
+    ]
+    n0, n1, n2 = daemons
+    try:
+        for d in daemons:
+            d.start()
+        statuses: dict[str, dict[str, Any]] = {}
+        wait_until(lambda: full_mesh(daemons, statuses), 120, "three daemons to mesh")
+        ids = {n: statuses[n]["node"]["id"] for n in names}
+        assert {coordinator(s) for s in statuses.values()} == {ids["n0"]}
+
+        # --- a 2-rank job submitted on n2 runs on n0 and n1; output and result files come back
+        results = tmp_path / "results"
+        out = run(n2, "run", "--nproc", "2", "--mem-per-rank", "20GiB", "--results-dir", str(results),
+                  "--", str(jobdir / "ddp_tiny.py"), "--steps", "12")
+        losses = [float(x) for x in re.findall(r"step \d+ loss ([0-9.]+)", out)]
+        assert len(losses) == 12, out
+        assert losses[-1] < losses[0]
+        assert json.loads((results / "result.json").read_text())["world_size"] == 2
+        job_a = json.loads(run(n2, "jobs", "--json"))["jobs"][0]
+        assert job_a["state"] == "succeeded"
+        for d in daemons:  # every peer shows the coordinator and the job with its placement
+            st = wait_until(lambda d=d: (s := d.status()) and any(
+                j["id"] == job_a["id"] and j["state"] == "succeeded" for j in s["jobs"]) and s, 30,
+                f"{d.conf.name} to show the job")
+            assert coordinator(st) == ids["n0"]
+            job = next(j for j in st["jobs"] if j["id"] == job_a["id"])
+            assert {r["peer"] for r in job["ranks"]} == {ids["n0"], ids["n1"]}
+
+        # --- SIGTERM stops the submitter cleanly; its records and logs survive the restart
+        t = time.monotonic()
+        assert n2.stop(deadline_s=30) == 0
+        assert time.monotonic() - t < 15, n2.log_tail()
+        n2.start()
+        wait_until(lambda: full_mesh(daemons), 60, "n2 to rejoin")
+        assert job_state(n2, job_a["id"]) == "succeeded"
+        assert "loss" in run(n2, "logs", job_a["id"])
+
+        # --- failover: B holds n0 and n1, C waits; SIGKILL the coordinator; C still completes
+        job_b = json.loads(run(n2, "run", "--detach", "--json", "--nproc", "2", "--mem-per-rank", "20GiB",
+                               "--", str(jobdir / "ddp_tiny.py"), "--steps", "400", "--sleep", "0.1"))["id"]
+        wait_until(lambda: job_state(n2, job_b) == "running", 120, "job B to run")
+        job_c = json.loads(run(n2, "run", "--detach", "--json", "--nproc", "1", "--mem-per-rank", "20GiB",
+                               "--", str(jobdir / "ddp_tiny.py"), "--steps", "5"))["id"]
+        wait_until(lambda: job_state(n2, job_c) == "queued", 30, "job C to be queued")
+        n0.kill(signal.SIGKILL)
+        wait_until(lambda: coordinator(n1.status()) not in (None, ids["n0"]), 60, "a new coordinator")
+        wait_until(lambda: job_state(n2, job_c) == "succeeded", 240, "queued job C to complete")
+        assert "done: loss" in run(n2, "logs", job_c)
+        # B lost its rank on n0: requeued, and with only one 20 GiB GPU left it can no longer fit.
+        wait_until(lambda: job_state(n2, job_b) in ("failed", "queued"), 60, "job B to leave 'running'")
+    except BaseException:
+        for d in daemons:
+            print(f"===== {d.conf.name} log tail =====\n{d.log_tail(60)}")
+        raise
+    finally:
+        for d in daemons:
+            d.stop(deadline_s=15)

@@ -1,0 +1,183 @@
+"""Placement adapter: version matching, packing, tp groups inside one peer, wait vs infeasible."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frenzyd.errors import InfeasibleError
+from frenzyd.jobs import JobSpec
+from frenzyd.placement import OfferedGpu, PeerOffer, QueuedJob, _pack, place, schedule
+
+GIB = 1 << 30
+
+
+def spec(nproc: int = 2, mem: int = GIB, py: str = "3.11.7", torch: str = "2.13.0") -> JobSpec:
+    return JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version=py,
+                   torch_version=torch, nproc=nproc, mem_per_rank=mem)
+
+
+def peer(nid: str, gpus: list[tuple[str, int, bool]], py: str = "3.11.9", torch: str = "2.13.0") -> PeerOffer:
+    return PeerOffer(
+        nid, nid.upper(), f"{nid}:1", py, torch,
+        tuple(OfferedGpu(f"{nid}-{i}", i, t, gib * GIB, gib * GIB, True, avail)
+              for i, (t, gib, avail) in enumerate(gpus)),
+    )
+
+
+def test_packs_onto_one_peer_when_possible() -> None:
+    offers = [peer("a", [("T4", 16, True)]), peer("b", [("A10", 24, True), ("A10", 24, True)])]
+    pl = place(spec(2), offers)
+    assert pl is not None
+    assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "b", 0), (1, "b", 1)]
+    assert pl.backend == "gloo"
+    assert pl.plan["peers"] == 1
+
+
+def test_spans_peers_and_numbers_ranks_peer_by_peer() -> None:
+    offers = [peer("a", [("T4", 16, True)]), peer("b", [("A10", 24, True)]), peer("c", [("L4", 24, False)])]
+    pl = place(spec(2), offers)
+    assert pl is not None
+    assert sorted(r.peer for r in pl.ranks) == ["a", "b"]
+    assert [r.rank for r in pl.ranks] == [0, 1]
+    assert all(r.local_rank == 0 for r in pl.ranks)
+
+
+def test_waits_when_busy_and_fails_when_never_fits() -> None:
+    offers = [peer("a", [("T4", 16, False), ("T4", 16, True)])]
+    assert place(spec(2), offers) is None
+    with pytest.raises(InfeasibleError, match="--nproc"):
+        place(spec(3), offers)
+    with pytest.raises(InfeasibleError, match="--mem-per-rank"):
+        place(spec(1, mem=17 * GIB), offers)
+
+
+def test_version_mismatch_is_never_placed() -> None:
+    offers = [peer("a", [("T4", 16, True)], torch="2.12.0")]
+    with pytest.raises(InfeasibleError, match=r"torch 2\.13\.0"):
+        place(spec(1), offers)
+    offers.append(peer("b", [("T4", 16, True)], py="3.12.1"))
+    with pytest.raises(InfeasibleError):
+        place(spec(1), offers)
+    offers.append(peer("c", [("T4", 16, True)]))
+    pl = place(spec(1), offers)
+    assert pl is not None
+    assert pl.ranks[0].peer == "c"
+
+
+def test_real_gpus_use_nccl() -> None:
+    p = peer("a", [("A100-80GB", 80, True)])
+    p = PeerOffer(p.node_id, p.name, p.address, p.python_version, p.torch_version,
+                  tuple(OfferedGpu(g.uuid, g.index, g.type, g.memory_bytes, g.free_bytes, False, True)
+                        for g in p.gpus))
+    pl = place(spec(1), [p])
+    assert pl is not None
+    assert pl.backend == "nccl"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), min_size=0, max_size=6), min_size=1, max_size=5),
+    st.integers(1, 12),
+    st.sampled_from([1, 2, 4]),
+)
+def test_pack_respects_groups_and_availability(avail: list[list[bool]], need: int, tp: int) -> None:
+    offers = [peer(f"p{i}", [("A10", 24, a) for a in row]) for i, row in enumerate(avail)]
+    groups = {p.node_id: [g for g in p.gpus if g.available] for p in offers}
+    chosen = _pack(offers, groups, need, group=tp)
+    possible = sum(len(gs) - len(gs) % tp for gs in groups.values())
+    if need % tp or possible < need:
+        assert chosen is None or sum(len(gs) for _, gs in chosen) == need
+        if possible < need:
+            assert chosen is None
+        return
+    assert chosen is not None
+    assert sum(len(gs) for _, gs in chosen) == need
+    used = [g.uuid for _, gs in chosen for g in gs]
+    assert len(set(used)) == need
+    for _, gs in chosen:
+        assert all(g.available for g in gs)
+        assert len(gs) % tp == 0
+
+
+def q(job_id: str, s: JobSpec, t: float = 0.0) -> QueuedJob:
+    return QueuedJob(job_id, s, t)
+
+
+def test_schedule_uses_has_and_prefers_the_smaller_memory_type() -> None:
+    # Within HAS's cost slack the 24 GB GPUs are taken, keeping the 48 GB A6000s for jobs only they hold.
+    offers = [peer("a", [("RTX-3090", 24, True)] * 2), peer("b", [("A10", 24, True)] * 2),
+              peer("c", [("RTX-A6000", 48, True)] * 2)]
+    sched = schedule([q("j1", spec(2, 8 * GIB))], offers, now_s=0.0)
+    assert sched.policy == "frenzy"
+    assert not sched.infeasible
+    (job, pl), = sched.start
+    assert job == "j1"
+    assert pl.plan["policy"] == "frenzy"
+    assert pl.plan["gpu_type"] == "RTX-3090"  # faster than the A10, same memory
+    assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "a", 0), (1, "a", 1)]
+
+
+def test_schedule_never_gives_a_gpu_twice_and_reports_infeasible() -> None:
+    offers = [peer("a", [("T4", 16, True)] * 2), peer("b", [("T4", 16, True)])]
+    queue = [q("j1", spec(2), 0.0), q("j2", spec(2), 1.0), q("big", spec(1, 40 * GIB), 2.0)]
+    sched = schedule(queue, offers, now_s=10.0)
+    assert [j for j, _ in sched.infeasible] == ["big"]
+    used = [r.gpu for _, pl in sched.start for r in pl.ranks]
+    assert len(used) == len(set(used))
+    assert len(sched.start) == 1  # three free GPUs: only one 2-rank job fits now
+
+
+def test_schedule_places_a_declared_job_across_gpu_types() -> None:
+    # 20 GiB ranks: one A100 and one A6000 hold them, no single type has two.
+    offers = [peer("n0", [("A100-80GB", 80, True)]), peer("n1", [("RTX-A6000", 48, True)]),
+              peer("n2", [("T4", 16, True)])]
+    sched = schedule([q("j", spec(2, 20 * GIB))], offers, now_s=0.0)
+    (_, pl), = sched.start
+    assert {r.peer for r in pl.ranks} == {"n0", "n1"}
+    assert pl.plan["policy"].startswith("packing")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["T4", "A10", "A100-80GB"]), st.integers(0, 3), st.booleans()),
+             min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(1, 4), st.sampled_from([4, 12, 20, 60])), min_size=1, max_size=5),
+)
+def test_schedule_properties(peers_spec: list[tuple[str, int, bool]], jobs: list[tuple[int, int]]) -> None:
+    mem = {"T4": 16, "A10": 24, "A100-80GB": 80}
+    offers = [peer(f"p{i}", [(t, mem[t], avail)] * n) for i, (t, n, avail) in enumerate(peers_spec)]
+    queue = [q(f"j{i}", spec(n, gib * GIB), float(i)) for i, (n, gib) in enumerate(jobs)]
+    sched = schedule(queue, offers, now_s=100.0)
+    free = {g.uuid: g for p in offers for g in p.gpus if g.available}
+    used: list[str] = []
+    for job_id, pl in sched.start:
+        s = next(x.spec for x in queue if x.job_id == job_id)
+        assert len(pl.ranks) == s.nproc
+        assert [r.rank for r in pl.ranks] == list(range(len(pl.ranks)))
+        for r in pl.ranks:
+            assert r.gpu in free
+            assert free[r.gpu].memory_bytes >= (s.mem_per_rank or 0)
+        used += [r.gpu for r in pl.ranks]
+    assert len(used) == len(set(used))
+    assert not {j for j, _ in sched.start} & {j for j, _ in sched.infeasible}
+
+
+def test_schedule_model_job_uses_marp_plans() -> None:
+    s = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                torch_version="2.13.0", model="tiny-gpt2", seq_len=128, micro_batch=1, global_batch=4,
+                dtype="fp32")
+    offers = [peer("a", [("T4", 16, True)] * 2), peer("b", [("A100-80GB", 80, True)])]
+    sched = schedule([q("m", s)], offers, now_s=0.0)
+    (_, pl), = sched.start
+    assert pl.plan["source"] == "marp"
+    assert pl.plan["policy"] == "frenzy"
+    assert 0 < pl.plan["bytes_per_gpu"] < 16 * GIB
+    assert pl.plan["step_time_s"] > 0
+    assert len(pl.ranks) == pl.plan["gpus"] == pl.plan["dp"] * pl.plan["tp"] * pl.plan["pp"]
+    bad = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                  torch_version="2.13.0", model="/etc/passwd", seq_len=128)
+    sched = schedule([q("x", bad)], offers, now_s=0.0)
+    assert sched.infeasible
+    assert "unknown model preset" in sched.infeasible[0][1]

@@ -1,0 +1,115 @@
+"""Invariants every built-in policy keeps on random clusters and queues (hypothesis)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from simcase import make_cluster, make_jobs, random_snapshot
+
+from frenzyd.has.interface import Decision, Snapshot, tp_inside_peers
+from frenzyd.has.registry import BUILTIN, load_policy
+from frenzyd.sim.simulator import simulate
+
+POLICIES = sorted(BUILTIN)
+MEMORY_AWARE = ["frenzy", "sia", "gavel"]
+
+
+def check_valid(snap: Snapshot, d: Decision) -> None:
+    running = {r.job.job_id: r for r in snap.running}
+    queued = {j.job_id: j for j in snap.queued}
+    available = set(snap.free)
+    for jid in d.preemptions:
+        assert jid in running, f"preempted {jid} is not running"
+        available.update(running[jid].gpus)
+    seen = set()
+    for p in d.placements:
+        assert p.job_id in queued or p.job_id in running
+        if p.job_id in running and p.job_id not in d.preemptions:
+            available.update(running[p.job_id].gpus)  # an implicit move frees its own GPUs
+        assert len(p.gpus) == p.plan.gpus
+        assert all(g.gpu_type == p.plan.gpu_type for g in p.gpus)
+        assert tp_inside_peers(p.plan, p.gpus)
+        for g in p.gpus:
+            assert g not in seen, f"GPU {g} given twice"
+            assert g in available, f"GPU {g} is not free"
+            seen.add(g)
+
+
+seeds = st.integers(min_value=0, max_value=2**31 - 1)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=seeds, n_jobs=st.integers(1, 25), peers=st.integers(1, 6))
+def test_decisions_are_valid_and_deterministic(name: str, seed: int, n_jobs: int, peers: int) -> None:
+    rng = random.Random(seed)
+    cluster = make_cluster(rng, peers=peers)
+    jobs = make_jobs(rng, cluster, n_jobs)
+    snap = random_snapshot(rng, cluster, jobs)
+    for reason in ("arrival", "round"):
+        s = Snapshot(snap.now_s, reason, snap.cluster, snap.free, snap.queued, snap.running)  # type: ignore[arg-type]
+        d1 = load_policy(name).decide(s, random.Random(7))
+        d2 = load_policy(name).decide(s, random.Random(7))
+        assert d1 == d2, "same input must give the same decision"
+        check_valid(s, d1)
+
+
+@pytest.mark.parametrize("name", MEMORY_AWARE)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=seeds, n_jobs=st.integers(1, 25), peers=st.integers(1, 6))
+def test_memory_aware_policies_only_place_fitting_plans(
+    name: str, seed: int, n_jobs: int, peers: int
+) -> None:
+    rng = random.Random(seed)
+    cluster = make_cluster(rng, peers=peers)
+    jobs = make_jobs(rng, cluster, n_jobs)
+    snap = random_snapshot(rng, cluster, jobs)
+    by_id = {j.job_id: j for j in snap.queued} | {r.job.job_id: r.job for r in snap.running}
+    memory = {t.name: t.memory_bytes for t in cluster.types}
+    d = load_policy(name).decide(snap, random.Random(0))
+    for p in d.placements:
+        assert p.plan in by_id[p.job_id].plans, "a memory-aware policy placed a plan MARP did not offer"
+        assert p.plan.bytes_per_gpu <= memory[p.gpus[0].gpu_type]
+
+
+@pytest.mark.parametrize("name", MEMORY_AWARE)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=seeds, n_jobs=st.integers(1, 15), peers=st.integers(1, 4))
+def test_every_job_that_fits_is_eventually_placed(name: str, seed: int, n_jobs: int, peers: int) -> None:
+    rng = random.Random(seed)
+    cluster = make_cluster(rng, peers=peers)
+    jobs = make_jobs(rng, cluster, n_jobs)
+    result = simulate(load_policy(name), jobs, cluster, seed=seed, clock=time.perf_counter)
+    states = {o.job_id: o.state for o in result.outcomes}
+    assert set(states.values()) == {"completed"}, states
+
+
+def test_frenzy_keeps_big_memory_gpus_for_jobs_that_need_them() -> None:
+    """A small job that fits a T4 almost as well is not put on the 80 GB GPU the big job needs."""
+    from simcase import view
+
+    from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec
+    from frenzyd.marp.spec import Plan
+    from frenzyd.sim.model import SimJob
+    from frenzyd.sim.speed import JobSpeed
+
+    cluster = Cluster(
+        types=(GpuTypeSpec("A100-80GB", 80 << 30, 2.55), GpuTypeSpec("RTX-A6000", 48 << 30, 2.4)),
+        gpus=(Gpu("a", 0, "A100-80GB"), Gpu("b", 0, "RTX-A6000")),
+    )
+    speed = JobSpeed(1_000_000_000, 1e15)
+    small_plans = (
+        Plan("A100-80GB", 1, 1, 1, 1, 0, 1, 1, 20 << 30, 80 << 30, 10.0),
+        Plan("RTX-A6000", 1, 1, 1, 1, 0, 1, 1, 20 << 30, 48 << 30, 10.6),
+    )
+    big_plans = (Plan("A100-80GB", 1, 1, 1, 1, 0, 1, 1, 70 << 30, 80 << 30, 10.0),)
+    small = SimJob("small", 0.0, 1, "m", 1024, 1, 10.0, speed, small_plans)
+    big = SimJob("big", 1.0, 1, "m", 1024, 1, 1000.0, speed, big_plans)
+    snap = Snapshot(2.0, "arrival", cluster, cluster.gpus, (view(small), view(big)), ())
+    d = load_policy("frenzy").decide(snap, random.Random(0))
+    where = {p.job_id: p.plan.gpu_type for p in d.placements}
+    assert where == {"small": "RTX-A6000", "big": "A100-80GB"}
