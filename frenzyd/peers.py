@@ -13,7 +13,8 @@ address it knows (static peers, discovery, peers' reports) and gets the peer's
 heartbeat back; liveness is "heard within ``timing.peer_timeout_s``", and the
 election is ticked after each round.  Orders that start or stop processes travel as
 ``signed`` envelopes (``send_signed``): verified against the pool CA and the TLS
-sender, their ``term`` checked by the election, before the handler runs.
+sender, their ``term`` checked by the election, before the handler runs.  A message
+addressed to this node itself goes through the same decode and checks without the network.
 """
 
 from __future__ import annotations
