@@ -169,8 +169,15 @@ def _stage_phases(
     fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
     if recompute:
         ffn_temp = c.ckpt_fwd_temp_f if spec.gated_mlp else c.ckpt_fwd_temp_f_gelu
+        # the math kernel's score matrices are counted on top of the MLP's intermediates (an
+        # over-estimate of this non-peak moment; under-counting it would risk a pipeline stage's peak)
         fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lbytes.per_token_s))
     bwd_temp = int(sb * (ab * c.bwd_temp_h * h + fb * c.bwd_temp_f * f))
+    if lbytes.score_per_token_s:
+        # math kernel: by the attention's backward the MLP's activations are freed, and one gradient
+        # of a b·a·s² probability matrix is alive at a time
+        attn_temp = sb * (s * lbytes.score_per_token_s - lbytes.mlp_per_token + ab * c.bwd_temp_h * h)
+        bwd_temp = max(bwd_temp, int(attn_temp))
     if setup.dtype == "bf16-mixed":
         bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
     if recompute:
