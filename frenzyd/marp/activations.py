@@ -112,7 +112,9 @@ def _llama(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel
         attn += (4 if dtype == "fp32" else 2) * q
     per_token = norms + attn + mlp
     score = 4.0 * heads if kernel == "math" and device == "cpu" else (4.0 if dtype == "fp32" else 2.0) * heads
-    return LayerBytes(float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0)
+    return LayerBytes(
+        float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0
+    )
 
 
 def _gpt2(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel, tp: int) -> LayerBytes:
@@ -144,4 +146,6 @@ def _gpt2(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel,
         copies = 2 * (h * 3 * q + q * h + 2 * h * f)
     per_token = norms + attn + mlp + (2 * mask if resid else 0)
     score = 4.0 * heads if device == "cpu" else (4.0 if dtype == "fp32" else 2.0) * heads
-    return LayerBytes(float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0)
+    return LayerBytes(
+        float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0
+    )
