@@ -252,3 +252,45 @@ def test_pipeline_first_stage_holds_in_flight_microbatches() -> None:
     assert peaks[0] < peaks[1] < peaks[2]  # more microbatches in flight on the first stage, up to pp
     pp1 = predict(spec, TrainingSetup(seq_len=1024, micro_batch=1, dtype="bf16-mixed", global_batch=8))
     assert peaks[3] < pp1.peak_bytes
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-qwen2"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "bf16-mixed"])
+def test_layer_bytes_equal_what_autograd_saves_in_a_real_forward(name: str, dtype: str) -> None:
+    """Guards activations.py against a torch/transformers change: one real CPU forward, storages listed."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from frenzyd.marp.activations import layer_bytes
+
+    spec = load_model(name)
+    config = transformers.AutoConfig.for_model(**spec.hf_config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="sdpa", dtype=torch.bfloat16 if dtype == "bf16" else torch.float32
+    )
+    model.train()
+    layers = model.model.layers if spec.family == "llama" else model.transformer.h
+    inside = [False]
+    layers[1].register_forward_pre_hook(lambda m, i: inside.__setitem__(0, True))
+    layers[1].register_forward_hook(lambda m, i, o: inside.__setitem__(0, False))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    layer1 = [0]
+
+    def pack(t):  # type: ignore[no-untyped-def]
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.data_ptr() not in seen:
+            seen[st.data_ptr()] = st.nbytes()
+            if inside[0]:
+                layer1[0] += st.nbytes()
+        return t
+
+    b, s = 2, 64
+    ids = torch.randint(0, config.vocab_size, (b, s))
+    with (
+        torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bf16-mixed"),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
+        model(input_ids=ids, labels=ids)
+    lb = layer_bytes(spec, dtype, "cpu", s)  # type: ignore[arg-type]
+    assert layer1[0] == int(b * s * (lb.per_token + s * lb.per_token_s)) + lb.weight_copies
