@@ -52,7 +52,7 @@ def test_loss_phase_hand_computed_tiny_llama_fp32() -> None:
 
 
 # Tensor peaks of the reference step measured on real CPU runs (torch 2.13.0, transformers 5.23,
-# MemTracker in real mode; scratch harness described in frenzyd/marp/README.md).
+# torch's MemTracker in real mode over a second, steady-state step, as frenzyd.marp.trace.measure_real does).
 MEASURED = [
     (TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="fp32"), 173_655_332),
     (TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="bf16"), 113_807_140),
