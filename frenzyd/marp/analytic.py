@@ -152,6 +152,8 @@ def _stage_phases(
     if setup.optimizer == "adamw":
         opt_bytes += _param_tensors_stage(spec, layers, first, last, pp) * 4  # fused AdamW step scalars
     params = _ceil_div(n_params, dp if fsdp else 1) * pb
+    if spec.family == "llama":
+        params += 2 * (spec.head_dim // 2) * 4  # rotary inv_freq buffers (float32, two copies)
     grads_full = n_params * gb
     grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
     ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads

@@ -18,13 +18,14 @@ TINY_GPT2 = load_model("tiny-gpt2")
 
 
 def test_optimizer_phase_is_params_grads_and_fused_adamw_state() -> None:
-    # fp32: 4 B params + 4 B grads + 8 B moments per parameter, plus a float32 step scalar per tensor.
+    # fp32: 4 B params + 4 B grads + 8 B moments per parameter, plus a float32 step scalar per tensor,
+    # plus the two float32 rotary inv_freq buffers (head_dim / 2 each): measured 109,875,484 B.
     p = predict(TINY_LLAMA, TrainingSetup(seq_len=128, micro_batch=1, dtype="fp32"), device="cpu")
     n = param_count(TINY_LLAMA)
-    assert p.phases["optimizer"] == 16 * n + 4 * param_tensors(TINY_LLAMA)
+    assert p.phases["optimizer"] == 16 * n + 4 * param_tensors(TINY_LLAMA) + 2 * 16 * 4 == 109_875_484
     # bf16: everything in bf16; SGD keeps one momentum buffer and no step scalar.
     p = predict(TINY_LLAMA, TrainingSetup(seq_len=128, micro_batch=1, dtype="bf16", optimizer="sgd"))
-    assert p.phases["optimizer"] == 6 * n
+    assert p.phases["optimizer"] == 6 * n + 128
 
 
 def test_loss_phase_hand_computed_tiny_llama_fp32() -> None:
@@ -40,6 +41,7 @@ def test_loss_phase_hand_computed_tiny_llama_fp32() -> None:
         16 * param_count(m)
         - 4 * param_count(m)  # params + AdamW moments (grads are None)
         + 4 * param_tensors(m)
+        + 128  # rotary buffers
         + pre
         + 4 * layer
         + post
@@ -211,10 +213,12 @@ def test_optimizer_phase_by_zero_stage_hand_computed() -> None:
     n, tensors = param_count(TINY_LLAMA), param_tensors(TINY_LLAMA)
     base = TrainingSetup(seq_len=128, micro_batch=1, dtype="bf16-mixed", dp=4)
     # DDP: everything replicated; ZeRO-1: state / dp; ZeRO-2/3: params, grads and state / dp.
-    assert _opt_phase(base) == 16 * n + 4 * tensors
-    assert _opt_phase(replace(base, zero=1)) == 8 * n + -(-n // 4) * 8 + 4 * tensors
+    rot = 128  # rotary inv_freq buffers, replicated
+    assert _opt_phase(base) == 16 * n + 4 * tensors + rot
+    assert _opt_phase(replace(base, zero=1)) == 8 * n + -(-n // 4) * 8 + 4 * tensors + rot
     for zero in (2, 3):
-        assert _opt_phase(replace(base, zero=zero)) == 3 * (-(-n // 4)) * 4 + -(-n // 4) * 4 + 4 * tensors
+        expected = 3 * (-(-n // 4)) * 4 + -(-n // 4) * 4 + 4 * tensors + rot
+        assert _opt_phase(replace(base, zero=zero)) == expected
 
 
 def test_ddp_buckets_hold_gradients_during_forward() -> None:
