@@ -163,9 +163,11 @@ devices = st.sampled_from(["cuda", "cpu"])
     dp=st.sampled_from([1, 2, 4, 8]),
     zero=st.integers(0, 3),
     accum=st.integers(1, 3),
+    pp=st.sampled_from([1, 2]),
+    tp=st.sampled_from([1, 2]),
 )
-def test_memory_grows_with_micro_batch_and_seq_len(m, setup, dev, dp, zero, accum) -> None:  # type: ignore[no-untyped-def]
-    s = replace(setup, dp=dp, zero=zero, global_batch=setup.micro_batch * dp * accum)
+def test_memory_grows_with_micro_batch_and_seq_len(m, setup, dev, dp, zero, accum, pp, tp) -> None:  # type: ignore[no-untyped-def]
+    s = replace(setup, dp=dp, zero=zero, pp=pp, tp=tp, global_batch=setup.micro_batch * dp * accum)
     p = predict(m, s, device=dev)
     bigger_b = replace(s, micro_batch=s.micro_batch + 1, global_batch=(s.micro_batch + 1) * dp * accum)
     assert predict(m, bigger_b, device=dev).peak_bytes >= p.peak_bytes
