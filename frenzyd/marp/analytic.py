@@ -193,12 +193,19 @@ def _stage_phases(
     if fsdp:
         gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
         gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
+        # ZeRO-3 around the loss: the layers were resharded after forward; backward gathers the last one
+        gathered_loss = gathered_all if zero == 2 else root + lp * pb
         gathered_emb = root
         rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
-        head_g = _ceil_div((final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb, dp)
+        # the root group's gradients (head, final norm, embedding) stay unsharded until its
+        # reduce-scatter at the very end of backward
+        head_pending = (final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb
+        root_grads = (emb + final_norm + lm_head) * gb
+        head_g = 0
         layer_g = _ceil_div(lp * gb, dp)
     else:
-        gathered_all = gathered_last = gathered_emb = rs_buffer = 0
+        gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = 0
+        head_pending = root_grads = 0
         head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
         layer_g = lp * gb
 
@@ -234,17 +241,23 @@ def _stage_phases(
         loss_act = stage_act + post + 4 * logits
         fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
         out.append(
-            ("loss", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, loss_act, fwd_side))
+            ("loss", Breakdown(params + gathered_loss + cache, grads_early, opt_bytes, loss_act, fwd_side))
         )
-        out.append(("loss", Breakdown(params + gathered_all, grads_early, opt_bytes, loss_act, 8 * logits)))
+        out.append(("loss", Breakdown(params + gathered_loss, grads_early, opt_bytes, loss_act, 8 * logits)))
         # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
         # backward), the head's weight gradient and the hidden-state gradient
         head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
-        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early else 0)
+        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early and not fsdp else 0)
         out.append(
             (
                 "backward",
-                Breakdown(params + gathered_all, grads_at(head_w_grad), opt_bytes, stage_act + post, temp),
+                Breakdown(
+                    params + gathered_loss,
+                    grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
+                    opt_bytes,
+                    stage_act + post,
+                    temp,
+                ),
             )
         )
 
@@ -253,7 +266,11 @@ def _stage_phases(
         (
             "backward",
             Breakdown(
-                params + gathered_all, grads_at(head_g + layer_g), opt_bytes, stage_act, bwd_temp + rs_buffer
+                params + gathered_all,
+                grads_at(head_g + layer_g) + head_pending,
+                opt_bytes,
+                stage_act,
+                bwd_temp + rs_buffer,
             ),
         )
     )
@@ -262,7 +279,7 @@ def _stage_phases(
             "backward",
             Breakdown(
                 params + gathered_last,
-                grads_at(head_g + layers * layer_g),
+                grads_at(head_g + layers * layer_g) + head_pending,
                 opt_bytes,
                 others + pre + kept_layer,
                 bwd_temp + rs_buffer,
@@ -280,10 +297,25 @@ def _stage_phases(
                 "backward",
                 Breakdown(
                     params + gathered_emb,
-                    grads_at(head_g + layers * layer_g),
+                    grads_at(head_g + layers * layer_g) + head_pending,
                     opt_bytes,
                     others + pre,
                     emb_temp + sb * h * ab,
+                ),
+            )
+        )
+    if fsdp:
+        # the root group's reduce-scatter: its unsharded gradients and the flat input copy (the
+        # unsharded gradients are released before the output shard is allocated)
+        out.append(
+            (
+                "backward",
+                Breakdown(
+                    params + gathered_emb,
+                    grads_at(layers * layer_g) + root_grads,
+                    opt_bytes,
+                    others,
+                    root_grads,
                 ),
             )
         )

@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import ConfigError, PlanError
+from frenzyd.marp import model as M
 from frenzyd.marp.analytic import AnalyticConstants, predict
 from frenzyd.marp.model import load_model, param_count, param_tensors
 from frenzyd.marp.spec import PHASES, TrainingSetup
@@ -176,6 +177,16 @@ def test_memory_grows_with_micro_batch_and_seq_len(m, setup, dev, dp, zero, accu
     assert p.breakdown.total == p.peak_bytes
 
 
+def test_zero2_can_exceed_zero1_when_embeddings_dominate_measured() -> None:
+    # Real gloo runs (frenzyd.marp.trace.measure_real, 2 ranks): tiny-llama, fp32, s=64, b=1, global 4:
+    # ZeRO-1 97,983,448 B, ZeRO-2 104,092,452 B (the root group is 60 % of the parameters).
+    base = TrainingSetup(seq_len=64, micro_batch=1, dtype="fp32", dp=2, global_batch=4)
+    z1 = predict(TINY_LLAMA, replace(base, zero=1), device="cpu").peak_bytes
+    z2 = predict(TINY_LLAMA, replace(base, zero=2), device="cpu").peak_bytes
+    assert abs(z1 - 97_983_448) / 97_983_448 < 0.002
+    assert abs(z2 - 104_092_452) / 104_092_452 < 0.002
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     m=st.sampled_from(MODELS),
@@ -186,6 +197,12 @@ def test_memory_grows_with_micro_batch_and_seq_len(m, setup, dev, dp, zero, accu
     accum=st.integers(1, 3),
 )
 def test_higher_zero_stage_never_increases_memory(m, setup, dev, dp, zero, accum) -> None:  # type: ignore[no-untyped-def]
+    # ZeRO-1 -> ZeRO-2 trades DDP's persistent buckets (W + G) for FSDP2 without resharding (every
+    # layer gathered from forward to its backward: W + W/dp + G/dp, plus the unsharded root group and
+    # its reduce-scatter copy). At dp = 2 that is a wash or a loss, and a tiny model whose embeddings
+    # dominate loses outright (measured, previous test); the step is checked from dp = 4 on real sizes.
+    root_share = (M.embedding_params(m) + M.head_params(m)) / param_count(m)
+    assume(zero != 1 or (dp >= 4 and root_share < 0.25))
     s = replace(setup, dp=dp, zero=zero, global_batch=setup.micro_batch * dp * accum)
     assert (
         predict(m, replace(s, zero=zero + 1), device=dev).peak_bytes <= predict(m, s, device=dev).peak_bytes
