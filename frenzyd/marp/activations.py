@@ -30,6 +30,10 @@ class LayerBytes:
     residual: int
     """Bytes per token of the residual stream (the layer input kept by activation checkpointing)."""
     kernel: AttnKernel
+    mlp_per_token: float = 0.0
+    """The MLP's share of ``per_token`` (freed before the attention's backward runs)."""
+    score_per_token_s: float = 0.0
+    """Bytes per token per key of one ``b·a·s²`` probability matrix of the math kernel (0 if fused)."""
 
 
 def attention_kernel(spec: ModelSpec, dtype: DtypeMode, device: Device, seq_len: int) -> AttnKernel:
@@ -107,7 +111,10 @@ def _llama(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel
     if copied:
         attn += (4 if dtype == "fp32" else 2) * q
     per_token = norms + attn + mlp
-    return LayerBytes(float(per_token), attn_s, copies, residual, kernel)
+    score = 4.0 * heads if kernel == "math" and device == "cpu" else (4.0 if dtype == "fp32" else 2.0) * heads
+    return LayerBytes(
+        float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0
+    )
 
 
 def _gpt2(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel, tp: int) -> LayerBytes:
@@ -138,4 +145,7 @@ def _gpt2(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel,
         residual = 4 * h
         copies = 2 * (h * 3 * q + q * h + 2 * h * f)
     per_token = norms + attn + mlp + (2 * mask if resid else 0)
-    return LayerBytes(float(per_token), attn_s, copies, residual, kernel)
+    score = 4.0 * heads if device == "cpu" else (4.0 if dtype == "fp32" else 2.0) * heads
+    return LayerBytes(
+        float(per_token), attn_s, copies, residual, kernel, float(mlp), score if attn_s else 0.0
+    )

@@ -152,6 +152,8 @@ def _stage_phases(
     if setup.optimizer == "adamw":
         opt_bytes += _param_tensors_stage(spec, layers, first, last, pp) * 4  # fused AdamW step scalars
     params = _ceil_div(n_params, dp if fsdp else 1) * pb
+    if spec.family == "llama":
+        params += 2 * (spec.head_dim // 2) * 4  # rotary inv_freq buffers (float32, two copies)
     grads_full = n_params * gb
     grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
     ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
@@ -169,8 +171,15 @@ def _stage_phases(
     fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
     if recompute:
         ffn_temp = c.ckpt_fwd_temp_f if spec.gated_mlp else c.ckpt_fwd_temp_f_gelu
+        # the math kernel's score matrices are counted on top of the MLP's intermediates (an
+        # over-estimate of this non-peak moment; under-counting it would risk a pipeline stage's peak)
         fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lbytes.per_token_s))
     bwd_temp = int(sb * (ab * c.bwd_temp_h * h + fb * c.bwd_temp_f * f))
+    if lbytes.score_per_token_s:
+        # math kernel: by the attention's backward the MLP's activations are freed, and one gradient
+        # of a b·a·s² probability matrix is alive at a time
+        attn_temp = sb * (s * lbytes.score_per_token_s - lbytes.mlp_per_token + ab * c.bwd_temp_h * h)
+        bwd_temp = max(bwd_temp, int(attn_temp))
     if setup.dtype == "bf16-mixed":
         bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
     if recompute:
@@ -184,12 +193,19 @@ def _stage_phases(
     if fsdp:
         gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
         gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
+        # ZeRO-3 around the loss: the layers were resharded after forward; backward gathers the last one
+        gathered_loss = gathered_all if zero == 2 else root + lp * pb
         gathered_emb = root
         rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
-        head_g = _ceil_div((final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb, dp)
+        # the root group's gradients (head, final norm, embedding) stay unsharded until its
+        # reduce-scatter at the very end of backward
+        head_pending = (final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb
+        root_grads = (emb + final_norm + lm_head) * gb
+        head_g = 0
         layer_g = _ceil_div(lp * gb, dp)
     else:
-        gathered_all = gathered_last = gathered_emb = rs_buffer = 0
+        gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = 0
+        head_pending = root_grads = 0
         head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
         layer_g = lp * gb
 
@@ -225,17 +241,23 @@ def _stage_phases(
         loss_act = stage_act + post + 4 * logits
         fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
         out.append(
-            ("loss", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, loss_act, fwd_side))
+            ("loss", Breakdown(params + gathered_loss + cache, grads_early, opt_bytes, loss_act, fwd_side))
         )
-        out.append(("loss", Breakdown(params + gathered_all, grads_early, opt_bytes, loss_act, 8 * logits)))
+        out.append(("loss", Breakdown(params + gathered_loss, grads_early, opt_bytes, loss_act, 8 * logits)))
         # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
         # backward), the head's weight gradient and the hidden-state gradient
         head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
-        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early else 0)
+        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early and not fsdp else 0)
         out.append(
             (
                 "backward",
-                Breakdown(params + gathered_all, grads_at(head_w_grad), opt_bytes, stage_act + post, temp),
+                Breakdown(
+                    params + gathered_loss,
+                    grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
+                    opt_bytes,
+                    stage_act + post,
+                    temp,
+                ),
             )
         )
 
@@ -244,7 +266,11 @@ def _stage_phases(
         (
             "backward",
             Breakdown(
-                params + gathered_all, grads_at(head_g + layer_g), opt_bytes, stage_act, bwd_temp + rs_buffer
+                params + gathered_all,
+                grads_at(head_g + layer_g) + head_pending,
+                opt_bytes,
+                stage_act,
+                bwd_temp + rs_buffer,
             ),
         )
     )
@@ -253,7 +279,7 @@ def _stage_phases(
             "backward",
             Breakdown(
                 params + gathered_last,
-                grads_at(head_g + layers * layer_g),
+                grads_at(head_g + layers * layer_g) + head_pending,
                 opt_bytes,
                 others + pre + kept_layer,
                 bwd_temp + rs_buffer,
@@ -271,10 +297,25 @@ def _stage_phases(
                 "backward",
                 Breakdown(
                     params + gathered_emb,
-                    grads_at(head_g + layers * layer_g),
+                    grads_at(head_g + layers * layer_g) + head_pending,
                     opt_bytes,
                     others + pre,
                     emb_temp + sb * h * ab,
+                ),
+            )
+        )
+    if fsdp:
+        # the root group's reduce-scatter: its unsharded gradients and the flat input copy (the
+        # unsharded gradients are released before the output shard is allocated)
+        out.append(
+            (
+                "backward",
+                Breakdown(
+                    params + gathered_emb,
+                    grads_at(layers * layer_g) + root_grads,
+                    opt_bytes,
+                    others,
+                    root_grads,
                 ),
             )
         )

@@ -167,9 +167,13 @@ def feasible_plans(
                 per_dp = global_batch // shape.dp
                 micros = _divisors(per_dp)
                 zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
-                # Memory falls with the ZeRO stage: if the most sharded, smallest shape misses, all do.
+                # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
+                # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
                 probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
-                if _bytes_per_gpu(model, probe, pool.gpu_type, constants) > budget:
+                if _bytes_per_gpu(model, probe, pool.gpu_type, constants) > budget and (
+                    shape.dp == 1
+                    or _bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants) > budget
+                ):
                     continue
                 for zero in zeros:
                     # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
