@@ -504,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for real runs")
     ap.add_argument("--cached-only", action="store_true", help="skip configurations not in the cache yet")
+    ap.add_argument("--markdown", type=Path, help="also write the tables as Markdown (for the README)")
     args = ap.parse_args(argv)
 
     import torch
@@ -682,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
     print(f"wall time: {wall:.1f}s")
 
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(_markdown(rows, summ, sp))
+        print(f"wrote {args.markdown}")
     if args.out:
         out = {
             "argv": sys.argv,
@@ -702,6 +707,55 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(out, indent=1))
         print(f"wrote {args.out}")
     return 0
+
+
+def _md_pct(a: float | None) -> str:
+    return "–" if a is None else f"{100 * a:.2f}%"
+
+
+def _markdown(rows: list[dict[str, Any]], summ: dict[str, Any], sp: dict[str, Any]) -> str:
+    lines = [
+        "| configuration (model, seq, micro-batch, global batch, dtype, optimizer, recompute, ZeRO, dp) "
+        "| params | split | truth | measured MiB | analytic MiB | accuracy | under/over | trace vs real "
+        "| Megatron | DeepSpeed (state) | accelerate (state) |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cfg = r["cfg"]
+        if "error" in r:
+            lines.append(f"| `{cfg.key.replace('|', ' ')}` | | | | FAILED: {r['error'][:60]} | | | | | | | |")
+            continue
+        a = r.get("analytic")
+        s = r.get("scores", {})
+        uo = "–" if a is None else ("under" if a.peak_bytes < r["truth"] else "over")
+        lines.append(
+            f"| `{cfg.key.replace('|', ' ')}` | {r['truth_m'].params / 1e6:.1f}M "
+            f"| {r['split']} | {r['truth_method']} "
+            f"| {r['truth'] / 2**20:.1f} | {'–' if a is None else f'{a.peak_bytes / 2**20:.1f}'} "
+            f"| {_md_pct(s.get('analytic'))} | {uo} | {_md_pct(s.get('trace_vs_real'))} "
+            f"| {_md_pct(s.get('megatron'))} | {_md_pct(s.get('deepspeed_state'))} "
+            f"| {_md_pct(s.get('accelerate_state'))} |"
+        )
+    lines += [
+        "",
+        "| summary | n | mean accuracy | min accuracy | worst under-prediction |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for k, v in summ.items():
+        if v.get("n"):
+            lines.append(
+                f"| {k} | {v['n']} | {_md_pct(v['mean_accuracy'])} | {_md_pct(v['min_accuracy'])} "
+                f"| {_md_pct(v['worst_under'])} |"
+            )
+        else:
+            lines.append(f"| {k} | 0 | | | |")
+    lines += [
+        "",
+        "Speed: "
+        + ", ".join(f"{k} = {v:.3f}" if isinstance(v, float) else f"{k} = {v}" for k, v in sp.items()),
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _row_json(r: dict[str, Any]) -> dict[str, Any]:
