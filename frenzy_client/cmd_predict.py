@@ -1,17 +1,253 @@
-"""frenzy-client predict commands (scaffold: replaced by the issue that builds them)."""
+"""``frenzy-client predict``: per-GPU training memory of a model and the feasible plans over a GPU list."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
-from frenzyd.errors import FrenzyError
+from frenzyd.errors import ConfigError, FrenzyError
+from frenzyd.gpu_types import GPU_TYPES
+from frenzyd.marp.analytic import predict as analytic_predict
+from frenzyd.marp.model import fmt_params, load_model
+from frenzyd.marp.plans import DEFAULT_HEADROOM, require_plans
+from frenzyd.marp.spec import (
+    DTYPE_MODES,
+    OPTIMIZERS,
+    PHASES,
+    RECOMPUTES,
+    GpuPool,
+    Plan,
+    Prediction,
+    TrainingSetup,
+)
+from frenzyd.marp.validate import validate
+
+GIB = 1024**3
+DEFAULT_GPUS_PER_PEER = 8
+"""A ``--gpus TYPE:N`` entry without ``/PER_PEER`` is taken as peers of at most this many GPUs."""
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("predict", help="(not built yet)")
+    p = sub.add_parser(
+        "predict",
+        help="predict per-GPU training memory and the feasible GPU plans (offline)",
+        description=(
+            "Predict the peak tensor memory of the worst rank for one training step of a model "
+            "(no runtime overhead), and with --gpus list the plans that fit, fastest first."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="a preset name (e.g. llama-3-8b) or a HF config.json path")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--micro-batch", type=int, required=True, help="sequences per rank per micro-step")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_MODES,
+        required=True,
+        help="fp32; bf16 (bf16 params and optimizer state); bf16-mixed (fp32 master + autocast)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="sequences per optimizer step (default micro-batch x dp); reached by accumulation",
+    )
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument(
+        "--recompute",
+        choices=RECOMPUTES,
+        default="none",
+        help="full = HF gradient checkpointing per decoder layer",
+    )
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO/FSDP stage")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (inside one peer)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (1F1B)")
+    p.add_argument(
+        "--method",
+        choices=("analytic", "trace"),
+        default="analytic",
+        help="analytic: closed form (ms); trace: the step under FakeTensorMode (seconds)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="whose kernels/autocast the analytic method models",
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help='GPU inventory, e.g. "A100-80GB:4,RTX-3090:8" (TYPE:COUNT[/PER_PEER], '
+        f"PER_PEER default min(COUNT, {DEFAULT_GPUS_PER_PEER}))",
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=DEFAULT_HEADROOM,
+        help="a plan fits when bytes_per_gpu x (1 + headroom) <= GPU memory",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_run)
 
 
+def parse_gpus(text: str) -> list[GpuPool]:
+    """Parse ``"A100-80GB:4,RTX-3090:8/4"`` into pools; unknown types and bad counts raise ConfigError."""
+    by_lower = {name.lower(): name for name in GPU_TYPES}
+    pools: dict[str, GpuPool] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, count_text = item.rpartition(":")
+        if not sep or not name:
+            raise ConfigError(f"--gpus entry {item!r} is not TYPE:COUNT (e.g. A100-80GB:4)")
+        canonical = by_lower.get(name.strip().lower())
+        if canonical is None:
+            raise ConfigError(
+                f"unknown GPU type {name.strip()!r} in --gpus: use one of {', '.join(GPU_TYPES)}"
+            )
+        count_part, _, per_part = count_text.partition("/")
+        try:
+            count = int(count_part)
+            per_peer = int(per_part) if per_part else min(count, DEFAULT_GPUS_PER_PEER)
+        except ValueError:
+            raise ConfigError(f"--gpus entry {item!r}: COUNT (and /PER_PEER) must be integers") from None
+        if count < 1 or per_peer < 1:
+            raise ConfigError(f"--gpus entry {item!r}: counts must be positive")
+        info = GPU_TYPES[canonical]
+        if canonical in pools:
+            prev = pools[canonical]
+            count += prev.count
+            per_peer = max(per_peer, prev.gpus_per_node or 0)
+        pools[canonical] = GpuPool(canonical, count, info.memory_bytes, info.speed, min(per_peer, count))
+    if not pools:
+        raise ConfigError("--gpus is empty: give TYPE:COUNT entries, e.g. A100-80GB:4,RTX-3090:8")
+    return list(pools.values())
+
+
+def _setup(args: argparse.Namespace) -> TrainingSetup:
+    if not 0.0 <= args.headroom < 10.0:
+        raise ConfigError(f"--headroom {args.headroom} must be a fraction in [0, 10), e.g. 0.1")
+    return TrainingSetup(
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        dtype=args.dtype,
+        global_batch=args.global_batch,
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        zero=args.zero,
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+    )
+
+
+def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Prediction:
+    if args.method == "analytic":
+        return analytic_predict(model, setup, device=args.device)
+    try:
+        from frenzyd.marp.trace import predict_trace
+    except ImportError as exc:
+        raise FrenzyError(
+            f"--method trace is not available in this build ({exc}); use --method analytic"
+        ) from exc
+    result: Prediction = predict_trace(model, setup)
+    return result
+
+
+def to_json(pred: Prediction, plans: list[Plan] | None) -> dict[str, Any]:
+    """The DESIGN.md §6 object (``plans`` only when a GPU list was given)."""
+    bd = pred.breakdown
+    out: dict[str, Any] = {
+        "model": pred.model,
+        "params": pred.params,
+        "peak_bytes": pred.peak_bytes,
+        "peak_phase": pred.peak_phase,
+        "breakdown": {
+            "parameters": bd.parameters,
+            "gradients": bd.gradients,
+            "optimizer": bd.optimizer,
+            "activations": bd.activations,
+            "temporaries": bd.temporaries,
+        },
+    }
+    if plans is not None:
+        out["plans"] = [
+            {
+                "gpu_type": p.gpu_type,
+                "gpus": p.gpus,
+                "dp": p.dp,
+                "tp": p.tp,
+                "pp": p.pp,
+                "zero": p.zero,
+                "micro_batch": p.micro_batch,
+                "grad_accum": p.grad_accum,
+                "bytes_per_gpu": p.bytes_per_gpu,
+                "gpu_memory_bytes": p.gpu_memory_bytes,
+                "step_time_s": p.step_time_s,
+            }
+            for p in plans
+        ]
+    return out
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f}"
+
+
+def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, headroom: float) -> str:
+    """A readable report: breakdown at the peak, per-phase peaks, plans table."""
+    bd = pred.breakdown
+    lines = [
+        f"model {pred.model}: {fmt_params(pred.params)} parameters ({pred.params:,})",
+        f"plan dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}  "
+        f"micro-batch {setup.micro_batch} x "
+        f"grad-accum {setup.grad_accum}  seq {setup.seq_len}  {setup.dtype}  {setup.optimizer}  "
+        f"recompute {setup.recompute}  [{pred.method}]",
+        f"peak tensor memory of the worst rank: {pred.peak_bytes / GIB:.2f} GiB at {pred.peak_phase} "
+        "(no runtime overhead)",
+        "",
+        "  component        GiB",
+    ]
+    for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"):
+        lines.append(f"  {name:<12} {_gib(getattr(bd, name))}")
+    lines.append(f"  {'total':<12} {_gib(bd.total)}")
+    if pred.phases:
+        lines += ["", "  phase peaks      GiB"]
+        for ph in PHASES:
+            if ph in pred.phases:
+                mark = "  <- peak" if ph == pred.peak_phase else ""
+                lines.append(f"  {ph:<12} {_gib(pred.phases[ph])}{mark}")
+    if plans is not None:
+        lines += [
+            "",
+            f"feasible plans (fit with {headroom:.0%} headroom, runtime overhead included), best first:",
+        ]
+        if not plans:
+            lines.append("  none")
+        else:
+            lines.append("  gpu_type      gpus  dp  tp  pp zero micro accum  GiB/gpu  of GiB   step_s")
+            for p in plans:
+                lines.append(
+                    f"  {p.gpu_type:<12} {p.gpus:>5} {p.dp:>3} {p.tp:>3} {p.pp:>3} {p.zero:>4} "
+                    f"{p.micro_batch:>5} "
+                    f"{p.grad_accum:>5} {p.bytes_per_gpu / GIB:>8.2f} {p.gpu_memory_bytes / GIB:>7.1f} "
+                    f"{p.step_time_s:>8.3f}"
+                )
+    return "\n".join(lines)
+
+
 def _run(args: argparse.Namespace) -> int:
-    raise FrenzyError("'predict' is not built yet")
+    model = load_model(args.model)
+    setup = _setup(args)
+    validate(model, setup)
+    pools = parse_gpus(args.gpus) if args.gpus is not None else None
+    pred = _predict(args, model, setup)
+    plans = require_plans(model, setup, pools, headroom=args.headroom) if pools is not None else None
+    if args.json:
+        print(json.dumps(to_json(pred, plans)))
+    else:
+        print(render(pred, setup, plans, args.headroom))
+    return 0

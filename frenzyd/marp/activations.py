@@ -60,7 +60,7 @@ def layer_bytes(spec: ModelSpec, dtype: DtypeMode, device: Device, seq_len: int,
     return _gpt2(spec, dtype, device, kernel, tp)
 
 
-def _attention(
+def _attention(  # noqa: PLR0917 - the shape of one SDPA call
     q: int, kv: int, heads: int, d_in: int, d_out: int, kernel: AttnKernel, device: Device, dropout: bool
 ) -> tuple[float, float, bool]:
     """(per_token, per_token_s, output_is_copied) for SDPA on q/k/v of widths q, kv, kv (elements).
@@ -106,8 +106,7 @@ def _llama(spec: ModelSpec, dtype: DtypeMode, device: Device, kernel: AttnKernel
         copies = 2 * (h * (2 * q + 2 * kv) + 3 * h * f)
     if copied:
         attn += (4 if dtype == "fp32" else 2) * q
-    # The residual after attention (h1) is saved by the second norm only when it is float32 already.
-    per_token = norms + attn + mlp - (0 if dtype != "bf16" else 0)
+    per_token = norms + attn + mlp
     return LayerBytes(float(per_token), attn_s, copies, residual, kernel)
 
 

@@ -10,11 +10,10 @@ it.  Pure and cheap: a handful of arithmetic per call, no world building.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from frenzyd.marp import model as M
-from frenzyd.marp.activations import Device, LayerBytes, layer_bytes
+from frenzyd.marp.activations import Device, layer_bytes
 from frenzyd.marp.spec import Breakdown, ModelSpec, Phase, Prediction, TrainingSetup
 from frenzyd.marp.validate import validate
 
@@ -128,207 +127,160 @@ def _stage_phases(
     device: Device,
     stage: int,
 ) -> list[tuple[Phase, Breakdown]]:
+    """The candidate peak moments of one pipeline stage, each as a Breakdown, tagged with its phase."""
     pb, ab, lb = _dtype_bytes(setup.dtype)
-    gb = pb  # gradients in the parameter dtype
-    sb = setup.micro_batch * setup.seq_len
+    gb = pb  # gradients take the parameter dtype
+    fb = 2 if setup.dtype == "bf16-mixed" else ab  # FFN-width tensors: the linear outputs' dtype
     s = setup.seq_len
+    sb = setup.micro_batch * s
     tp, pp, dp, zero = setup.tp, setup.pp, setup.dp, setup.zero
     first, last = stage == 0, stage == pp - 1
     layers = spec.layers // pp
     micro = setup.grad_accum
     h, f = spec.hidden, spec.ffn // tp
     recompute = setup.recompute == "full"
+    fsdp = zero >= 2 and dp > 1
+    tied_here = spec.tied_embeddings and pp == 1  # pipeline stages hold their own copy of a tied table
 
-    # --- static sizes on this rank ---------------------------------------
+    # --- static sizes on this rank -----------------------------------------------------------
     lp = _layer_params_tp(spec, tp)
     emb = M.embedding_params(spec) if first else 0
-    head = (spec.hidden * (2 if spec.norm == "layernorm" else 1)) if last else 0
-    lm_head = spec.vocab * spec.hidden if last and (not spec.tied_embeddings or pp > 1) else 0
-    n_params = emb + layers * lp + head + lm_head
-    n_tensors = _param_tensors_stage(spec, layers, first, last, pp)
-    state_per_param = 2 if setup.optimizer == "adamw" else 1
-    shard = dp if zero >= 1 else 1
-    opt_bytes = _ceil_div(n_params, shard) * pb * state_per_param
+    final_norm = spec.hidden * (2 if spec.norm == "layernorm" else 1) if last else 0
+    lm_head = spec.vocab * spec.hidden if last and not tied_here else 0
+    n_params = emb + layers * lp + final_norm + lm_head
+    opt_bytes = _ceil_div(n_params, dp if zero >= 1 else 1) * pb * (2 if setup.optimizer == "adamw" else 1)
     if setup.optimizer == "adamw":
-        opt_bytes += n_tensors * 4  # fused AdamW: one float32 step scalar per parameter tensor
-    param_shard = dp if zero >= 2 else 1
-    params_sharded = _ceil_div(n_params, param_shard) * pb
+        opt_bytes += _param_tensors_stage(spec, layers, first, last, pp) * 4  # fused AdamW step scalars
+    params = _ceil_div(n_params, dp if fsdp else 1) * pb
     grads_full = n_params * gb
-    grads_kept = _ceil_div(n_params, param_shard) * gb  # after reduce-scatter (ZeRO-2/3) or in full
-    ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: buckets persist, grads live in them
+    grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
+    ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
 
-    # --- activations --------------------------------------------------------
-    lb_ = layer_bytes(spec, setup.dtype, device, s, tp)
-    layer_act = int(sb * (lb_.per_token + s * lb_.per_token_s)) + lb_.weight_copies
-    ckpt_layer = sb * lb_.residual if recompute else layer_act
-    pre = _pre_bytes(spec, setup, device, first, ab)
-    inflight = min(pp - stage, micro) if pp > 1 else 1
-    stage_act = inflight * (pre + layers * ckpt_layer)
-    if pp > 1 and not first:
-        stage_act += inflight * sb * h * ab  # the received activation of each in-flight microbatch
-    fb = 2 if setup.dtype == "bf16-mixed" else ab  # FFN-width tensors: the linear outputs' dtype
+    # --- activations ----------------------------------------------------------------------------
+    lbytes = layer_bytes(spec, setup.dtype, device, s, tp)
+    layer_act = int(sb * (lbytes.per_token + s * lbytes.per_token_s)) + lbytes.weight_copies
+    kept_layer = sb * lbytes.residual if recompute else layer_act  # checkpointing keeps the layer input
+    pre = _pre_bytes(spec, setup, device, first)
+    inflight = min(pp - stage, micro) if pp > 1 else 1  # 1F1B: stage k holds pp - k microbatches
+    one_micro = pre + layers * kept_layer + (sb * h * ab if pp > 1 and not first else 0)
+    stage_act = inflight * one_micro
+    others = (inflight - 1) * one_micro  # earlier in-flight microbatches, untouched by this one's backward
+
     fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
     if recompute:
-        # inside a checkpointed layer nothing is saved, but its FFN intermediates coexist briefly
         ffn_temp = c.ckpt_fwd_temp_f if spec.gated_mlp else c.ckpt_fwd_temp_f_gelu
-        fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lb_.per_token_s))
+        fwd_temp = int(sb * (ab * c.ckpt_fwd_temp_h * h + fb * ffn_temp * f + s * lbytes.per_token_s))
     bwd_temp = int(sb * (ab * c.bwd_temp_h * h + fb * c.bwd_temp_f * f))
     if setup.dtype == "bf16-mixed":
-        bwd_temp += 2 * _largest_linear(spec, tp)  # bf16 weight grad before its float32 cast
-    recompute_extra = layer_act if recompute else 0  # one layer re-run during its backward
+        bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
+    if recompute:
+        bwd_temp += layer_act  # the layer being re-run holds all its activations during its backward
+    # autocast's weight cache (CUDA and, in torch 2.13, CPU too) keeps a bf16 copy of every linear
+    # weight until the forward ends; without recompute those copies are saved for backward anyway.
+    cache = layers * lbytes.weight_copies if setup.dtype == "bf16-mixed" and recompute else 0
 
-    # autocast's CUDA weight cache keeps bf16 copies of every linear weight until the forward
-    # ends; without recompute they are saved for backward anyway (inside layer_act).
-    cache = 0
-    if device == "cuda" and setup.dtype == "bf16-mixed" and recompute:
-        cache = layers * lb_.weight_copies
-
-    # --- ZeRO-2/3: unsharded (all-gathered) parameters in flight ------------
-    full_layer_bytes = lp * pb
-    root_bytes = (emb + head + lm_head) * pb
-    if zero >= 2 and dp > 1:
-        gathered_fwd = (
-            root_bytes + layers * full_layer_bytes if zero == 2 else root_bytes + 2 * full_layer_bytes
-        )
-        gathered_bwd_start = gathered_fwd if zero == 2 else root_bytes + 2 * full_layer_bytes
-        rs_buffer = 2 * lp * gb  # unsharded grads of a layer + the reduce-scatter input copy
+    # --- ZeRO-2/3 (FSDP2): unsharded parameters in flight ---------------------------------------
+    root = (emb + final_norm + lm_head) * pb  # the root group is never resharded after forward
+    if fsdp:
+        gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
+        gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
+        gathered_emb = root
+        rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
+        head_g = _ceil_div((final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb, dp)
+        layer_g = _ceil_div(lp * gb, dp)
     else:
-        gathered_fwd = gathered_bwd_start = 0
-        rs_buffer = 0
-    gathered_fwd = max(0, gathered_fwd - (params_sharded if gathered_fwd else 0)) if False else gathered_fwd
+        gathered_all = gathered_last = gathered_emb = rs_buffer = 0
+        head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
+        layer_g = lp * gb
 
-    # gradients present during forward: DDP buckets always; otherwise from earlier micro-steps
-    grads_in_fwd = 0
+    # gradients already present in forward: DDP's buckets always, else those of earlier micro-steps
     if ddp_buckets:
-        grads_in_fwd = grads_full
+        grads_early = grads_full
     elif micro > 1 or (pp > 1 and micro > pp - stage):
-        grads_in_fwd = grads_kept
+        grads_early = grads_kept
+    else:
+        grads_early = 0
 
-    base_params = params_sharded
-    out: list[tuple[Phase, Breakdown]] = []
+    def grads_at(done: int) -> int:
+        return grads_early if grads_early else done
 
-    # forward: all layers' saved activations + one layer's transients
-    out.append(
-        (
-            "forward",
-            Breakdown(
-                base_params + gathered_fwd + cache, grads_in_fwd, opt_bytes, stage_act,
-                fwd_temp + (lb_.weight_copies if recompute and device == "cpu" else 0),
-            ),
-        )
-    )
-
+    out: list[tuple[Phase, Breakdown]] = [
+        ("forward", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, stage_act, fwd_temp)),
+    ]
     if last:
-        # the final norm runs at the end of the forward phase
-        norm_saved = _post_bytes(spec, setup, ab) - (2 * spec.vocab * h if setup.dtype == "bf16-mixed" else 0)
+        # the final norm ends the forward phase
+        norm_saved = _final_norm_bytes(spec, setup)
         norm_temp = sb * 4 * h if spec.norm == "rmsnorm" else 0
         out.append(
             (
                 "forward",
-                Breakdown(base_params + gathered_fwd + cache, grads_in_fwd, opt_bytes, stage_act + norm_saved,
-                          norm_temp),
-            )
-        )
-
-    # loss: last stage only (LM head, float32 logits, log-softmax and their gradients)
-    post = 0
-    if last:
-        post = _post_bytes(spec, setup, ab)
-        logits = sb * spec.vocab
-        saved_ls = 4 * logits
-        fwd_side = lb * logits + (4 * logits if lb != 4 else 0)
-        bwd_side = 8 * logits
-        loss_act = stage_act + post + saved_ls
-        out.append(
-            (
-                "loss",
                 Breakdown(
-                    base_params + gathered_fwd + cache, grads_in_fwd, opt_bytes, loss_act, fwd_side
+                    params + gathered_all + cache, grads_early, opt_bytes, stage_act + norm_saved, norm_temp
                 ),
             )
         )
+        # loss: LM head, float32 logits, log-softmax (saved) and, at backward start, two logit gradients
+        post = _post_bytes(spec, setup)
+        logits = sb * spec.vocab
+        loss_act = stage_act + post + 4 * logits
+        fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
         out.append(
-            (
-                "loss",
-                Breakdown(base_params + gathered_bwd_start, grads_in_fwd, opt_bytes, loss_act, bwd_side),
-            )
+            ("loss", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, loss_act, fwd_side))
         )
-        # LM head backward: bf16 logit gradient (and its float32 source), the head's weight gradient
-        head_grad = lm_head * gb if not spec.tied_embeddings or pp > 1 else spec.vocab * spec.hidden * gb
-        g_out = lb * logits  # the float32 gradient was freed by the cast's backward
-        if grads_in_fwd:
-            g_out += head_grad  # the new head gradient, before it is added into the existing one
+        out.append(("loss", Breakdown(params + gathered_all, grads_early, opt_bytes, loss_act, 8 * logits)))
+        # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
+        # backward), the head's weight gradient and the hidden-state gradient
+        head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
+        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early else 0)
         out.append(
             (
                 "backward",
-                Breakdown(
-                    base_params + gathered_bwd_start,
-                    max(grads_in_fwd, head_grad if not ddp_buckets else grads_full),
-                    opt_bytes,
-                    stage_act + post,
-                    g_out + sb * h * ab,
-                ),
+                Breakdown(params + gathered_all, grads_at(head_w_grad), opt_bytes, stage_act + post, temp),
             )
         )
 
-    # backward through the decoder layers: linear between its two ends
-    head_g = ((head + lm_head) * gb) if last else 0
-    if spec.tied_embeddings and last and pp == 1:
-        head_g += spec.vocab * spec.hidden * gb
-    if zero >= 2 and dp > 1:
-        head_g = _ceil_div(head_g, dp)
-        layer_g = _ceil_div(lp * gb, dp)
-    else:
-        layer_g = lp * gb
-    grads_at = (lambda done: grads_full) if ddp_buckets else (
-        (lambda done: grads_kept) if grads_in_fwd else (lambda done: done)
-    )
-    act_rest = stage_act - (inflight - 1) * 0  # all in-flight microbatches stay saved on this stage
-    top_layers = layers
-    # start: first layer to go backward, all activations saved, head grads done
-    g_start = grads_at(head_g + layer_g)
-    gathered_layer = (
-        (root_bytes + layers * full_layer_bytes) if zero == 2 and dp > 1
-        else (root_bytes + 2 * full_layer_bytes) if zero == 3 and dp > 1 else 0
-    )
+    # backward through the decoder layers: memory is linear between the two ends
     out.append(
         (
             "backward",
-            Breakdown(base_params + gathered_layer, g_start, opt_bytes, act_rest,
-                      bwd_temp + recompute_extra + rs_buffer),
+            Breakdown(
+                params + gathered_all, grads_at(head_g + layer_g), opt_bytes, stage_act, bwd_temp + rs_buffer
+            ),
         )
     )
-    # end: last layer's backward, every other layer's gradient done
-    one_layer_act = (pre + ckpt_layer) + (inflight - 1) * (pre + layers * ckpt_layer)
-    emb_g = (emb * gb) if first else 0
-    g_end = grads_at(head_g + top_layers * layer_g)
-    gathered_end = (
-        (root_bytes + full_layer_bytes) if zero == 2 and dp > 1
-        else (root_bytes + 2 * full_layer_bytes) if zero == 3 and dp > 1 else 0
-    )
     out.append(
         (
             "backward",
-            Breakdown(base_params + gathered_end, g_end, opt_bytes, one_layer_act,
-                      bwd_temp + recompute_extra + rs_buffer),
+            Breakdown(
+                params + gathered_last,
+                grads_at(head_g + layers * layer_g),
+                opt_bytes,
+                others + pre + kept_layer,
+                bwd_temp + rs_buffer,
+            ),
         )
     )
     if first:
-        # embedding backward: its dense gradient (a temporary when tied: added into the head's)
-        emb_temp = spec.vocab * spec.hidden * (4 if setup.dtype == "bf16-mixed" else ab)
-        g_emb = grads_at(head_g + top_layers * layer_g + (0 if spec.tied_embeddings and pp == 1 else 0))
+        # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
+        # out of place with the head's pending gradient (a third vocab x hidden tensor)
+        emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
+        if tied_here:
+            emb_temp += spec.vocab * h * gb
         out.append(
             (
                 "backward",
-                Breakdown(base_params + (root_bytes if zero >= 2 and dp > 1 else 0), g_emb, opt_bytes,
-                          (inflight - 1) * (pre + layers * ckpt_layer) + pre,
-                          emb_temp + sb * h * ab + (emb_g if spec.tied_embeddings and pp == 1 else 0) * 0),
+                Breakdown(
+                    params + gathered_emb,
+                    grads_at(head_g + layers * layer_g),
+                    opt_bytes,
+                    others + pre,
+                    emb_temp + sb * h * ab,
+                ),
             )
         )
 
-    # optimizer: parameters, gradients, state (fused AdamW / SGD keep no further temporaries)
-    out.append(("optimizer", Breakdown(base_params, grads_full if ddp_buckets else grads_kept,
-                                       opt_bytes, 0, 0)))
+    # optimizer: parameters, gradients, state (fused AdamW and SGD keep no further temporaries)
+    out.append(("optimizer", Breakdown(params, grads_full if ddp_buckets else grads_kept, opt_bytes, 0, 0)))
     return out
 
 
@@ -366,7 +318,7 @@ def _param_tensors_stage(spec: ModelSpec, layers: int, first: bool, last: bool, 
     return n
 
 
-def _pre_bytes(spec: ModelSpec, setup: TrainingSetup, device: Device, first: bool, ab: int) -> int:
+def _pre_bytes(spec: ModelSpec, setup: TrainingSetup, device: Device, first: bool) -> int:
     """Saved before the first layer: ids, positions/rotary tables, embedding dropout mask."""
     sb = setup.micro_batch * setup.seq_len
     n = 8 * sb if first else 0  # int64 input ids (embedding backward)
@@ -382,25 +334,23 @@ def _pre_bytes(spec: ModelSpec, setup: TrainingSetup, device: Device, first: boo
     return n
 
 
-def _post_bytes(spec: ModelSpec, setup: TrainingSetup, ab: int) -> int:
-    """Saved by the final norm and the LM head's input (+ its bf16 weight copy under autocast), and labels."""
+def _final_norm_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Saved by the final norm, its output included (the LM head's input)."""
     sb = setup.micro_batch * setup.seq_len
     h = spec.hidden
     if spec.norm == "rmsnorm":
-        if setup.dtype == "fp32":
-            n = sb * (12 * h + 4)
-        elif setup.dtype == "bf16":
-            n = sb * (8 * h + 4)
-        else:
-            n = sb * (10 * h + 4)
+        per = {"fp32": 12 * h + 4, "bf16": 8 * h + 4}.get(setup.dtype, 10 * h + 4)
     elif setup.dtype == "bf16-mixed":
-        n = sb * (6 * h + 8)
+        per = 6 * h + 8
     else:
-        n = sb * (2 * ab * h + 2 * ab)
+        d = 4 if setup.dtype == "fp32" else 2
+        per = 2 * d * h + 2 * d
+    return sb * per
+
+
+def _post_bytes(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Saved after the last layer: final norm, the LM head's bf16 weight copy (autocast), shifted labels."""
+    n = _final_norm_bytes(spec, setup)
     if setup.dtype == "bf16-mixed":
-        n += 2 * spec.vocab * h
-    return n + 8 * sb  # shifted labels kept by nll_loss
-
-
-_ = math
-_unused: LayerBytes | None = None
+        n += 2 * spec.vocab * spec.hidden
+    return n + 8 * setup.micro_batch * setup.seq_len

@@ -1,4 +1,4 @@
-"""Turns a shipped preset name or a Hugging Face ``config.json`` into a ModelSpec, and counts its parameters."""
+"""Turns a shipped preset or a Hugging Face ``config.json`` into a ModelSpec, and counts its parameters."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise ModelConfigError(f"cannot read model config {str(path)!r}: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{str(path)!r} is not a JSON object: expected a Hugging Face config.json")
-    return spec_from_config(cfg, name=path.stem if path.name != "config.json" else path.parent.name or "model")
+    return spec_from_config(
+        cfg, name=path.stem if path.name != "config.json" else path.parent.name or "model"
+    )
 
 
 def _int(cfg: dict[str, Any], key: str, *, default: int | None = None, minimum: int = 1) -> int:
@@ -73,7 +75,7 @@ def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
 
 
 def spec_from_config(cfg: dict[str, Any], *, name: str = "model") -> ModelSpec:
-    """Map an HF config dict onto a ModelSpec; defaults are those of the HF config classes (transformers 5)."""
+    """Map an HF config dict onto a ModelSpec; defaults are the HF config classes' (transformers 5)."""
     model_type = cfg.get("model_type")
     if model_type in _GPT2_TYPES:
         return _gpt2(cfg, name)

@@ -33,8 +33,8 @@ def validate(model: ModelSpec, setup: TrainingSetup) -> None:
             f"use --seq-len <= {model.max_positions}"
         )
     per_step = setup.micro_batch * setup.dp
-    gb = setup.effective_global_batch
-    if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
+    gb: object = setup.effective_global_batch
+    if not isinstance(gb, int) or isinstance(gb, bool) or gb < 1:
         raise ConfigError(f"global batch must be a positive integer, got {gb!r}")
     if gb % per_step != 0:
         raise ConfigError(
@@ -50,7 +50,9 @@ def validate(model: ModelSpec, setup: TrainingSetup) -> None:
             f"{model.kv_heads} key/value heads of {model.name}: use tp in {ok}"
         )
     if model.ffn % t:
-        raise PlanError(f"tensor parallel degree {t} must divide the FFN width {model.ffn}: choose another tp")
+        raise PlanError(
+            f"tensor parallel degree {t} must divide the FFN width {model.ffn}: choose another tp"
+        )
     if model.layers % setup.pp:
         raise PlanError(
             f"pipeline degree {setup.pp} must divide the {model.layers} layers of {model.name}: "

@@ -1,0 +1,254 @@
+"""Enumerates the feasible GPU plans of a job over a pool inventory and ranks them by estimated step time.
+
+Per GPU type, every GPU count that factors as dp x tp x pp (tp inside one
+peer and dividing the heads, pp dividing the layers, dp dividing the global
+batch) is tried with ZeRO 0-3 and the micro-batches that keep the job's global
+batch exact; a shape is feasible when ``bytes_per_gpu x (1 + headroom) <=
+gpu_memory_bytes``, with ``bytes_per_gpu`` = analytic tensor peak + the type's
+runtime overhead.  Only the fastest shape per (type, count) is kept.
+
+Step time (constants and sources in ``marp/README.md``)::
+
+    compute = (6·P + 2·P·[recompute]) · T + (6 + 2·[recompute]) · L · s · h_attn · T
+              / (gpus · peak_flops · MFU)   (T = tokens per step; causal attention counted once)
+    bubble  = compute · (pp - 1) / grad_accum      (1F1B)
+    comm    = dp gradient sync (every micro-step, as the reference step runs)
+              + ZeRO-3 parameter all-gathers + tp activation all-reduces,
+              each bytes / link bandwidth (NVLink or PCIe inside a peer, Ethernet across peers)
+
+Pure and deterministic: the same inputs give the same list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from frenzyd.errors import InfeasibleError
+from frenzyd.gpu_types import GPU_TYPES
+from frenzyd.marp import model as M
+from frenzyd.marp.analytic import DEFAULT_CONSTANTS, AnalyticConstants, predict
+from frenzyd.marp.overhead import overhead_bytes
+from frenzyd.marp.spec import GpuPool, ModelSpec, Plan, TrainingSetup
+from frenzyd.marp.validate import validate
+
+GIB = 1024**3
+
+DEFAULT_HEADROOM = 0.10
+"""Fraction of free memory a plan must leave unused (``bytes × (1 + headroom) ≤ memory``)."""
+
+MFU = 0.40
+"""Model FLOPs utilisation: PaLM reports 46 % and Megatron-LM 41-52 % on A100 clusters (Chowdhery et
+al. 2022, Narayanan et al. 2021); a lab's HF training loop lands lower, so 0.40 is an upper-ish figure
+applied equally to every type (only the ranking matters)."""
+
+V100_TFLOPS = 125.0
+"""Scale for types outside the canonical table: ``speed × V100 peak``."""
+
+NVLINK_BPS = 150e9
+"""Effective all-reduce bus bandwidth over NVLink (A100/H100 SXM: 300-450 GB/s unidirectional NVLink,
+NCCL tests show 150-250 GB/s bus bandwidth)."""
+PCIE_BPS = 12e9
+"""Effective bus bandwidth between GPUs over PCIe 3/4 x16 on a workstation (nominal 16/32 GB/s)."""
+ETHERNET_BPS = 1.25e9
+"""Between peers: 10 GbE, the common lab LAN (1.25 GB/s nominal)."""
+
+_NVLINK_TYPES = frozenset({"A100-40GB", "A100-80GB", "H100-80GB", "H200"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    dp: int
+    tp: int
+    pp: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _peak_flops(pool: GpuPool) -> float:
+    info = GPU_TYPES.get(pool.gpu_type)
+    tflops = info.peak_tflops if info is not None else pool.speed * V100_TFLOPS
+    return tflops * 1e12
+
+
+def step_time_s(model: ModelSpec, setup: TrainingSetup, pool: GpuPool) -> float:
+    """Estimated seconds per optimizer step of ``setup``'s plan on ``pool``'s GPU type."""
+    gpus = setup.world_size
+    gb = setup.effective_global_batch
+    tokens = gb * setup.seq_len
+    params = M.param_count(model)
+    rec = setup.recompute == "full"
+    attn_width = model.heads * model.head_dim
+    flops = (6 + 2 * rec) * params * tokens + (
+        6 + 2 * rec
+    ) * model.layers * setup.seq_len * attn_width * tokens
+    compute = flops / (gpus * _peak_flops(pool) * MFU)
+    micro = setup.grad_accum
+    bubble = compute * (setup.pp - 1) / micro if setup.pp > 1 else 0.0
+
+    per_node = pool.gpus_per_node or pool.count
+    intra = NVLINK_BPS if pool.gpu_type in _NVLINK_TYPES else PCIE_BPS
+    spans = gpus > per_node
+    dp_bw = ETHERNET_BPS if spans else intra
+    pbytes = 2 if setup.dtype == "bf16" else 4
+    shard_params = params / (setup.tp * setup.pp)
+    comm = 0.0
+    d = setup.dp
+    if d > 1:
+        ring = (d - 1) / d
+        grad_bytes = shard_params * pbytes
+        comm += (
+            micro * 2 * ring * grad_bytes / dp_bw
+        )  # all-reduce (or reduce-scatter + gather) per micro-step
+        if setup.zero == 1:
+            comm += ring * grad_bytes / dp_bw  # parameter broadcast after the sharded step
+        if setup.zero == 3:
+            comm += micro * 2 * ring * grad_bytes / dp_bw  # params gathered again for backward
+    if setup.tp > 1:
+        act = setup.micro_batch * setup.seq_len * model.hidden * (2 if setup.dtype != "fp32" else 4)
+        per_layer = 4 * 2 * (setup.tp - 1) / setup.tp * act / intra
+        comm += micro * (model.layers // setup.pp) * per_layer
+    if setup.pp > 1:
+        act = setup.micro_batch * setup.seq_len * model.hidden * 4
+        comm += micro * 2 * act / (ETHERNET_BPS if spans else intra)
+    return compute + bubble + comm
+
+
+def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> list[_Shape]:
+    out = []
+    for tp in _divisors(gpus):
+        if tp > per_node or model.heads % tp or model.kv_heads % tp or model.ffn % tp:
+            continue
+        for pp in _divisors(gpus // tp):
+            if model.layers % pp:
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                continue
+            out.append(_Shape(dp, tp, pp))
+    return out
+
+
+def _bytes_per_gpu(
+    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants
+) -> int:
+    peak = predict(model, setup, constants=constants, check=False).peak_bytes
+    return peak + overhead_bytes(gpu_type, peak, setup.world_size)
+
+
+def feasible_plans(
+    model: ModelSpec,
+    setup: TrainingSetup,
+    pools: Sequence[GpuPool],
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    max_gpus: int | None = None,
+    constants: AnalyticConstants = DEFAULT_CONSTANTS,
+) -> list[Plan]:
+    """Feasible plans of the job over ``pools``, best (fastest) first; at most one per (type, GPU count).
+
+    Only ``setup``'s job shape is used (seq_len, dtype, optimizer, recompute,
+    effective global batch); its dp/tp/pp/zero/micro_batch are ignored.
+    Raises ConfigError for an impossible job shape; returns [] when nothing fits.
+    """
+    global_batch = setup.effective_global_batch
+    job = replace(setup, micro_batch=1, global_batch=global_batch, dp=1, tp=1, pp=1, zero=0)
+    validate(model, job)
+    plans: list[Plan] = []
+    for pool in pools:
+        limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
+        per_node = pool.gpus_per_node or pool.count
+        budget = pool.memory_bytes / (1.0 + headroom)
+        for gpus in range(1, limit + 1):
+            best: Plan | None = None
+            for shape in _shapes(model, gpus, per_node, global_batch):
+                per_dp = global_batch // shape.dp
+                micros = _divisors(per_dp)
+                zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
+                # Memory falls with the ZeRO stage: if the most sharded, smallest shape misses, all do.
+                probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
+                if _bytes_per_gpu(model, probe, pool.gpu_type, constants) > budget:
+                    continue
+                for zero in zeros:
+                    # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
+                    fit: tuple[TrainingSetup, int] | None = None
+                    lo, hi = 0, len(micros) - 1
+                    while lo <= hi:  # memory grows with the micro-batch: binary search
+                        mid = (lo + hi) // 2
+                        cand = replace(probe, micro_batch=micros[mid], zero=zero)
+                        b = _bytes_per_gpu(model, cand, pool.gpu_type, constants)
+                        if b <= budget:
+                            fit = (cand, b)
+                            lo = mid + 1
+                        else:
+                            hi = mid - 1
+                    if fit is None:
+                        continue
+                    cand, b = fit
+                    t = step_time_s(model, cand, pool)
+                    if best is None or t < best.step_time_s:
+                        best = Plan(
+                            gpu_type=pool.gpu_type,
+                            gpus=gpus,
+                            dp=cand.dp,
+                            tp=cand.tp,
+                            pp=cand.pp,
+                            zero=cand.zero,
+                            micro_batch=cand.micro_batch,
+                            grad_accum=cand.grad_accum,
+                            bytes_per_gpu=b,
+                            gpu_memory_bytes=pool.memory_bytes,
+                            step_time_s=t,
+                        )
+            if best is not None:
+                plans.append(best)
+    plans.sort(key=lambda p: (p.step_time_s, p.gpus, p.gpu_type))
+    return plans
+
+
+def min_bytes_per_gpu(model: ModelSpec, setup: TrainingSetup, max_gpus: int) -> int:
+    """Smallest worst-rank tensor peak over every plan of up to ``max_gpus`` GPUs (no runtime overhead).
+
+    The most sharded plan: ZeRO-3 over the data-parallel GPUs, the largest tp and pp that divide the
+    model, micro-batch 1.
+    """
+    gb = setup.effective_global_batch
+    job = replace(setup, micro_batch=1, global_batch=gb, dp=1, tp=1, pp=1, zero=0)
+    best: int | None = None
+    for gpus in range(1, max_gpus + 1):
+        for shape in _shapes(model, gpus, gpus, gb):
+            cand = replace(job, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=3 if shape.dp > 1 else 0)
+            peak = predict(model, cand, check=False).peak_bytes
+            if best is None or peak < best:
+                best = peak
+    if best is None:
+        raise InfeasibleError(f"no parallel shape of up to {max_gpus} GPUs fits {model.name}'s layout")
+    return best
+
+
+def require_plans(
+    model: ModelSpec,
+    setup: TrainingSetup,
+    pools: Sequence[GpuPool],
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    max_gpus: int | None = None,
+) -> list[Plan]:
+    """Like :func:`feasible_plans`, but raise InfeasibleError (saying what is needed) when none fits."""
+    plans = feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus)
+    if plans:
+        return plans
+    if not pools:
+        raise InfeasibleError("the pool offers no GPUs: add GPUs (--gpus TYPE:COUNT,...) and try again")
+    most = max(p.count for p in pools) if max_gpus is None else min(max_gpus, max(p.count for p in pools))
+    need = min_bytes_per_gpu(model, setup, most)
+    largest = max(pools, key=lambda p: p.memory_bytes)
+    need_total = need + overhead_bytes(largest.gpu_type, need, most)
+    raise InfeasibleError(
+        f"{model.name} needs at least {need_total * (1 + headroom) / GIB:.1f} GiB per GPU with the most "
+        f"sharded plan over {most} GPUs (tensors {need / GIB:.1f} GiB + runtime overhead, "
+        f"{headroom:.0%} headroom); the largest GPU offers {largest.memory_bytes / GIB:.1f} GiB "
+        f"({largest.gpu_type}). Add larger or more GPUs, or shorten --seq-len, or use --recompute full"
+    )

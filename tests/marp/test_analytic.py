@@ -1,0 +1,203 @@
+"""Analytic predictor: values measured on real runs, hand-computed parts, and properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from frenzyd.errors import ConfigError, PlanError
+from frenzyd.marp.analytic import AnalyticConstants, predict
+from frenzyd.marp.model import load_model, param_count, param_tensors
+from frenzyd.marp.spec import PHASES, TrainingSetup
+
+TINY_LLAMA = load_model("tiny-llama")
+TINY_GPT2 = load_model("tiny-gpt2")
+
+
+def test_optimizer_phase_is_params_grads_and_fused_adamw_state() -> None:
+    # fp32: 4 B params + 4 B grads + 8 B moments per parameter, plus a float32 step scalar per tensor.
+    p = predict(TINY_LLAMA, TrainingSetup(seq_len=128, micro_batch=1, dtype="fp32"), device="cpu")
+    n = param_count(TINY_LLAMA)
+    assert p.phases["optimizer"] == 16 * n + 4 * param_tensors(TINY_LLAMA)
+    # bf16: everything in bf16; SGD keeps one momentum buffer and no step scalar.
+    p = predict(TINY_LLAMA, TrainingSetup(seq_len=128, micro_batch=1, dtype="bf16", optimizer="sgd"))
+    assert p.phases["optimizer"] == 6 * n
+
+
+def test_loss_phase_hand_computed_tiny_llama_fp32() -> None:
+    # tiny-llama: h=256, 8 heads x 32, 2 kv heads, F=688, V=8000, 4 layers; b=2, s=256 -> 512 tokens.
+    m, s, b = TINY_LLAMA, 256, 2
+    t = b * s
+    h, q, kv, f, v = 256, 256, 64, 688, 8000
+    layer = t * (24 * h + 4 * (2 * q + 2 * kv) + 16 * f + 8 + 4 * 8)  # norms, attention (+lse), SwiGLU
+    pre = 8 * t + 2 * s * 32 * 4  # ids, cos, sin
+    post = t * (12 * h + 4) + 8 * t  # final norm, shifted labels
+    logits = t * v
+    expected = (
+        16 * param_count(m)
+        - 4 * param_count(m)  # params + AdamW moments (grads are None)
+        + 4 * param_tensors(m)
+        + pre
+        + 4 * layer
+        + post
+        + 4 * logits  # saved activations incl. log-softmax output
+        + 8 * logits  # its gradient and the logits' gradient at the start of backward
+    )
+    p = predict(m, TrainingSetup(seq_len=s, micro_batch=b, dtype="fp32"), device="cpu")
+    assert p.peak_phase == "loss"
+    assert p.peak_bytes == expected
+
+
+# Tensor peaks of the reference step measured on real CPU runs (torch 2.13.0, transformers 5.23,
+# MemTracker in real mode; scratch harness described in frenzyd/marp/README.md).
+MEASURED = [
+    (TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="fp32"), 173_655_332),
+    (TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="bf16"), 113_807_140),
+    (TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="bf16-mixed"), 170_181_924),
+    (TINY_LLAMA, TrainingSetup(seq_len=512, micro_batch=4, dtype="fp32", recompute="full"), 293_852_964),
+]
+
+
+@pytest.mark.parametrize(("spec", "setup", "measured"), MEASURED)
+def test_cpu_prediction_matches_real_run_within_half_a_percent(spec, setup, measured) -> None:  # type: ignore[no-untyped-def]
+    p = predict(spec, setup, device="cpu")
+    assert abs(p.peak_bytes - measured) / measured < 0.005
+
+
+def test_gpt2_dropout_uses_math_kernel_on_cpu_only() -> None:
+    setup = TrainingSetup(seq_len=512, micro_batch=2, dtype="fp32")
+    cpu = predict(TINY_GPT2, setup, device="cpu")
+    cuda = predict(TINY_GPT2, setup, device="cuda")
+    # three b·a·s² float32 matrices per layer (softmax, dropout mask, dropped probabilities) on CPU
+    assert cpu.breakdown.activations - cuda.breakdown.activations >= 4 * 3 * 2 * 8 * 512 * 512 * 4
+
+
+def test_breakdown_sums_to_peak_and_phases_max_is_peak() -> None:
+    for spec in (TINY_LLAMA, TINY_GPT2, load_model("llama-2-7b")):
+        p = predict(
+            spec, TrainingSetup(seq_len=512, micro_batch=2, dtype="bf16-mixed", dp=4, zero=3, global_batch=16)
+        )
+        assert p.breakdown.total == p.peak_bytes
+        assert max(p.phases.values()) == p.peak_bytes
+        assert set(p.phases) == set(PHASES)
+
+
+def test_large_model_peaks_at_optimizer_or_backward_small_at_loss() -> None:
+    small = predict(TINY_GPT2, TrainingSetup(seq_len=1024, micro_batch=8, dtype="bf16-mixed"))
+    assert small.peak_phase == "loss"
+    big = predict(load_model("llama-2-7b"), TrainingSetup(seq_len=128, micro_batch=1, dtype="bf16-mixed"))
+    assert big.peak_phase in ("optimizer", "backward")
+
+
+def test_grad_accumulation_keeps_gradients_alive_in_forward() -> None:
+    one = predict(TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="fp32"))
+    two = predict(TINY_LLAMA, TrainingSetup(seq_len=256, micro_batch=2, dtype="fp32", global_batch=4))
+    assert two.peak_bytes - one.peak_bytes >= 4 * param_count(TINY_LLAMA) - 1024
+
+
+def test_recompute_lowers_activations() -> None:
+    spec = load_model("llama-2-7b")
+    base = TrainingSetup(seq_len=2048, micro_batch=2, dtype="bf16-mixed")
+    assert predict(spec, replace(base, recompute="full")).peak_bytes < predict(spec, base).peak_bytes
+
+
+def test_safety_constant_scales_peak() -> None:
+    setup = TrainingSetup(seq_len=128, micro_batch=1, dtype="fp32")
+    a = predict(TINY_LLAMA, setup)
+    b = predict(TINY_LLAMA, setup, constants=AnalyticConstants(safety=1.1))
+    assert (
+        b.peak_bytes == a.peak_bytes + int(a.peak_bytes * 0.1) or abs(b.peak_bytes - 1.1 * a.peak_bytes) < 2
+    )
+    assert b.breakdown.total == b.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("setup", "error", "match"),
+    [
+        (TrainingSetup(seq_len=128, micro_batch=1, tp=3), PlanError, "tp in"),
+        (TrainingSetup(seq_len=128, micro_batch=1, pp=3), PlanError, "divide the 4 layers"),
+        (TrainingSetup(seq_len=128, micro_batch=2, dp=2, global_batch=6), ConfigError, "multiple"),
+        (TrainingSetup(seq_len=4096, micro_batch=1), ConfigError, "positions"),
+        (TrainingSetup(seq_len=128, micro_batch=0), ConfigError, "positive"),
+        (TrainingSetup(seq_len=128, micro_batch=1, zero=4), ConfigError, "zero"),
+    ],
+)
+def test_invalid_setups_raise(setup: TrainingSetup, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        predict(TINY_LLAMA, setup)
+
+
+def test_zero_without_data_parallelism_is_allowed() -> None:
+    setup = TrainingSetup(seq_len=128, micro_batch=1, zero=3)
+    assert predict(TINY_LLAMA, setup).peak_bytes == predict(TINY_LLAMA, replace(setup, zero=0)).peak_bytes
+
+
+MODELS = [
+    TINY_LLAMA,
+    TINY_GPT2,
+    load_model("tiny-qwen2"),
+    load_model("llama-3-8b"),
+    load_model("gpt2-medium"),
+]
+setups = st.builds(
+    TrainingSetup,
+    seq_len=st.sampled_from([64, 128, 256, 512, 1024]),
+    micro_batch=st.integers(1, 8),
+    dtype=st.sampled_from(["fp32", "bf16", "bf16-mixed"]),
+    optimizer=st.sampled_from(["adamw", "sgd"]),
+    recompute=st.sampled_from(["none", "full"]),
+)
+devices = st.sampled_from(["cuda", "cpu"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.sampled_from(MODELS),
+    setup=setups,
+    dev=devices,
+    dp=st.sampled_from([1, 2, 4, 8]),
+    zero=st.integers(0, 3),
+    accum=st.integers(1, 3),
+)
+def test_memory_grows_with_micro_batch_and_seq_len(m, setup, dev, dp, zero, accum) -> None:  # type: ignore[no-untyped-def]
+    s = replace(setup, dp=dp, zero=zero, global_batch=setup.micro_batch * dp * accum)
+    p = predict(m, s, device=dev)
+    bigger_b = replace(s, micro_batch=s.micro_batch + 1, global_batch=(s.micro_batch + 1) * dp * accum)
+    assert predict(m, bigger_b, device=dev).peak_bytes >= p.peak_bytes
+    if s.seq_len < 1024:
+        assert predict(m, replace(s, seq_len=s.seq_len * 2), device=dev).peak_bytes >= p.peak_bytes
+    assert p.breakdown.total == p.peak_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.sampled_from(MODELS),
+    setup=setups,
+    dev=devices,
+    dp=st.sampled_from([2, 4, 8]),
+    zero=st.integers(0, 2),
+    accum=st.integers(1, 3),
+)
+def test_higher_zero_stage_never_increases_memory(m, setup, dev, dp, zero, accum) -> None:  # type: ignore[no-untyped-def]
+    s = replace(setup, dp=dp, zero=zero, global_batch=setup.micro_batch * dp * accum)
+    assert (
+        predict(m, replace(s, zero=zero + 1), device=dev).peak_bytes <= predict(m, s, device=dev).peak_bytes
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.sampled_from(MODELS),
+    setup=setups,
+    dev=devices,
+    tp=st.sampled_from([1, 2]),
+    zero=st.integers(0, 3),
+    dp=st.sampled_from([1, 2]),
+)
+def test_more_tensor_parallelism_never_increases_memory(m, setup, dev, tp, zero, dp) -> None:  # type: ignore[no-untyped-def]
+    assume(m.kv_heads % (2 * tp) == 0 and m.ffn % (2 * tp) == 0)
+    s = replace(setup, tp=tp, dp=dp, zero=zero)
+    assert predict(m, replace(s, tp=tp * 2), device=dev).peak_bytes <= predict(m, s, device=dev).peak_bytes
