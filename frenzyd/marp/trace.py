@@ -177,7 +177,9 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
     """A ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 root) keeping the peak of each phase of the step."""
     from copy import copy
 
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
+
+    _UPDATE_REF = _UpdateType.REF
 
     base: Any = MemTracker
     if fsdp_root is not None:
@@ -226,6 +228,33 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             self._record()
+
+        def gradient_infos(self, module: Any) -> list[Any]:
+            """Tracking records of the storages now holding ``module``'s gradients (no references kept)."""
+            infos = []
+            for p in module.parameters():
+                g = p.grad
+                if g is None or not hasattr(g, "untyped_storage"):
+                    continue
+                try:
+                    st = g.untyped_storage()
+                except (RuntimeError, NotImplementedError):  # e.g. DTensor gradients of FSDP
+                    continue
+                entry = self._WINFO.get(st)
+                if entry is not None:
+                    infos.append(entry)
+            return infos
+
+        def retag_as_gradients(self, infos: list[Any]) -> None:
+            """Count still-alive gradient storages (DDP buckets survive ``zero_grad``) as gradients."""
+            grad = self._ref_class("Gradient") if "Gradient" in {r.value for r in self._ref_class} else None
+            if grad is None:
+                return
+            for winfo, w_st in infos:
+                if w_st() is not None and winfo.reftype != grad:
+                    old = winfo.reftype
+                    winfo.reftype = grad
+                    self._update_snap(_UPDATE_REF, winfo, old_reftype=old)
 
         def _track(self, reftype: Any, t: Any) -> None:
             if self.phase == "loss" and reftype.value == "Activation":
@@ -402,10 +431,18 @@ def run_reference_step(
             for _ in range(grad_accum)
         ]
         tracker.track_external(model, opt)
+        # DDP rebuilds its gradient buckets once, at the second iteration: measure the
+        # step after that, and count the buckets (alive all step) as gradients.
+        from torch.nn.parallel import DistributedDataParallel
+
+        steps = STEPS + 1 if isinstance(train_model, DistributedDataParallel) else STEPS
+        grad_infos: list[Any] = []
         try:
             with tracker:
-                for step in range(STEPS):
-                    tracker.recording = step == STEPS - 1
+                for step in range(steps):
+                    tracker.recording = step == steps - 1
+                    if tracker.recording:
+                        tracker.retag_as_gradients(grad_infos)
                     for micro in range(grad_accum):
                         tracker.reset_mod_stats()
                         ids = gen_ids[micro].clone()
@@ -416,6 +453,8 @@ def run_reference_step(
                         tracker.set_phase("backward")
                         loss.backward()
                         del loss
+                    if step == steps - 2:
+                        grad_infos = tracker.gradient_infos(model)
                     tracker.set_phase("optimizer")
                     opt.step()
                     opt.zero_grad(set_to_none=True)
