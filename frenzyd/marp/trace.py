@@ -177,9 +177,11 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
     """A ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 root) keeping the peak of each phase of the step."""
     from copy import copy
 
+    import torch
     from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 
     _UPDATE_REF = _UpdateType.REF
+    to_copy = torch.ops.aten._to_copy.default
 
     base: Any = MemTracker
     if fsdp_root is not None:
@@ -261,8 +263,26 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
                 reftype = self._ref_class("Temp")
             super()._track(reftype, t)
 
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            res = super().__torch_dispatch__(func, types, args, kwargs)
+            # autocast's casts of weights (cached for the whole forward) are weight copies:
+            # count them with the parameters, not with the activations.
+            is_cast = func is to_copy and args and isinstance(args[0], torch.Tensor)
+            if is_cast and isinstance(res, torch.Tensor):
+                src = self._WINFO.get(args[0].untyped_storage())
+                if src is not None and src[0].reftype.value in _PARAM_KINDS:
+                    dst = self._WINFO.get(res.untyped_storage())
+                    kind = self._ref_class("Unsharded Param" if fsdp_root is not None else "Parameter")
+                    if dst is not None and dst[0].reftype != kind:
+                        old = dst[0].reftype
+                        dst[0].reftype = kind
+                        self._update_snap(_UPDATE_REF, dst[0], old_reftype=old)
+            return res
+
     return PhaseMemTracker()
 
+
+_PARAM_KINDS = frozenset({"Parameter", "Sharded Param", "Unsharded Param"})
 
 # MemTracker / FSDPMemTracker categories (their ``.value`` strings) -> Breakdown fields.
 _CATEGORY = {
