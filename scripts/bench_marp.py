@@ -226,6 +226,9 @@ def full_grid() -> list[Config]:
         Config("llama-gqa-s", _ts(256, 2, "bf16", dp=4, zero=2), r),
         Config("gpt2-s", _ts(256, 2, "fp32", dp=2, zero=3), r),
         Config("llama-gqa-s", _ts(128, 2, "bf16-mixed", dp=8, zero=3, recompute="full"), r),
+        Config("gpt2-s", _ts(256, 2, "bf16-mixed", dp=2, zero=2), r),
+        Config("qwen2-gqa-s", _ts(256, 2, "bf16-mixed", dp=4, zero=3), r),
+        Config("llama-gqa-s", _ts(512, 1, "bf16-mixed", dp=2, zero=3, global_batch=4), r),
         # Fake-tensor traces stand in for what cannot run here (validated by the real rows above).
         Config("gpt2-xl", _ts(1024, 2, "bf16-mixed"), t),
         Config("gpt2-xl", _ts(1024, 8, "bf16", recompute="full"), t),
@@ -237,6 +240,10 @@ def full_grid() -> list[Config]:
         Config("llama-2-7b", _ts(2048, 1, "bf16", dp=8, zero=3), t),
         Config("gpt2-xl", _ts(1024, 4, "bf16-mixed", dp=4, zero=2), t),
         Config("mistral-7b", _ts(4096, 1, "bf16", dp=8, zero=1, recompute="full"), t),
+        Config("llama-2-7b", _ts(4096, 1, "bf16-mixed", dp=8, zero=3, recompute="full"), t),
+        Config("qwen2.5-7b", _ts(2048, 2, "bf16-mixed", dp=4, zero=2, recompute="full"), t),
+        Config("llama-3-8b", _ts(2048, 1, "fp32", dp=8, zero=3, recompute="full"), t),
+        Config("gpt2-large", _ts(1024, 4, "bf16-mixed", dp=2, zero=0), t),
     ]
     return g
 
@@ -376,25 +383,26 @@ def model_state(m: Any) -> int:
 def baseline_rows(spec: ModelSpec, setup: TrainingSetup, params: int) -> dict[str, int | None]:
     """Each baseline's figure where it claims to model the configuration, else None.
 
-    All three assume Adam: SGD rows are left out.  DeepSpeed's estimators are
-    for ZeRO-2 and ZeRO-3; accelerate's rule is for one device without
-    sharding; Megatron's formula covers every Adam row (whole peak).
+    All three assume Adam (SGD rows are left out) and mixed precision with
+    fp32 master weights or plain fp32 (pure ``bf16`` rows are left out).
+    Megatron's formula claims the whole peak without full recompute (it has
+    no full-recompute term); DeepSpeed's estimators claim ZeRO-2 and ZeRO-3
+    with fp16/bf16 mixed precision (its 18 bytes); accelerate's rule claims
+    one device without sharding.
     """
-    if setup.optimizer != "adamw":
-        return {"megatron": None, "deepspeed": None, "accelerate": None}
-    n = setup.dp
-    deepspeed: int | None = None
-    if setup.zero == 2:
-        deepspeed = B.deepspeed_zero2(params, n)
-    elif setup.zero == 3:
-        deepspeed = B.deepspeed_zero3(params, B.largest_layer_params(spec), n)
-    return {
-        "megatron": B.megatron_theoretical(spec, setup),
-        "deepspeed": deepspeed,
-        "accelerate": B.accelerate_estimate(params, setup.dtype)
-        if (setup.dp == 1 and setup.zero == 0)
-        else None,
-    }
+    none: dict[str, int | None] = {"megatron": None, "deepspeed": None, "accelerate": None}
+    if setup.optimizer != "adamw" or setup.dtype == "bf16":
+        return none
+    out = dict(none)
+    if setup.recompute == "none":
+        out["megatron"] = B.megatron_theoretical(spec, setup)
+    if setup.dtype == "bf16-mixed" and setup.zero == 2:
+        out["deepspeed"] = B.deepspeed_zero2(params, setup.dp)
+    elif setup.dtype == "bf16-mixed" and setup.zero == 3:
+        out["deepspeed"] = B.deepspeed_zero3(params, B.largest_layer_params(spec), setup.dp)
+    if setup.dp == 1 and setup.zero == 0:
+        out["accelerate"] = B.accelerate_estimate(params, setup.dtype)
+    return out
 
 
 # --------------------------------------------------------------------------- speed
@@ -496,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for real runs")
     ap.add_argument("--cached-only", action="store_true", help="skip configurations not in the cache yet")
+    ap.add_argument("--markdown", type=Path, help="also write the tables as Markdown (for the README)")
     args = ap.parse_args(argv)
 
     import torch
@@ -674,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t_start
     print(f"wall time: {wall:.1f}s")
 
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(_markdown(rows, summ, sp))
+        print(f"wrote {args.markdown}")
     if args.out:
         out = {
             "argv": sys.argv,
@@ -694,6 +707,55 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(out, indent=1))
         print(f"wrote {args.out}")
     return 0
+
+
+def _md_pct(a: float | None) -> str:
+    return "–" if a is None else f"{100 * a:.2f}%"
+
+
+def _markdown(rows: list[dict[str, Any]], summ: dict[str, Any], sp: dict[str, Any]) -> str:
+    lines = [
+        "| configuration (model, seq, micro-batch, global batch, dtype, optimizer, recompute, ZeRO, dp) "
+        "| params | split | truth | measured MiB | analytic MiB | accuracy | under/over | trace vs real "
+        "| Megatron | DeepSpeed (state) | accelerate (state) |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cfg = r["cfg"]
+        if "error" in r:
+            lines.append(f"| `{cfg.key.replace('|', ' ')}` | | | | FAILED: {r['error'][:60]} | | | | | | | |")
+            continue
+        a = r.get("analytic")
+        s = r.get("scores", {})
+        uo = "–" if a is None else ("under" if a.peak_bytes < r["truth"] else "over")
+        lines.append(
+            f"| `{cfg.key.replace('|', ' ')}` | {r['truth_m'].params / 1e6:.1f}M "
+            f"| {r['split']} | {r['truth_method']} "
+            f"| {r['truth'] / 2**20:.1f} | {'–' if a is None else f'{a.peak_bytes / 2**20:.1f}'} "
+            f"| {_md_pct(s.get('analytic'))} | {uo} | {_md_pct(s.get('trace_vs_real'))} "
+            f"| {_md_pct(s.get('megatron'))} | {_md_pct(s.get('deepspeed_state'))} "
+            f"| {_md_pct(s.get('accelerate_state'))} |"
+        )
+    lines += [
+        "",
+        "| summary | n | mean accuracy | min accuracy | worst under-prediction |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for k, v in summ.items():
+        if v.get("n"):
+            lines.append(
+                f"| {k} | {v['n']} | {_md_pct(v['mean_accuracy'])} | {_md_pct(v['min_accuracy'])} "
+                f"| {_md_pct(v['worst_under'])} |"
+            )
+        else:
+            lines.append(f"| {k} | 0 | | | |")
+    lines += [
+        "",
+        "Speed: "
+        + ", ".join(f"{k} = {v:.3f}" if isinstance(v, float) else f"{k} = {v}" for k, v in sp.items()),
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def _row_json(r: dict[str, Any]) -> dict[str, Any]:

@@ -177,7 +177,11 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
     """A ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 root) keeping the peak of each phase of the step."""
     from copy import copy
 
-    from torch.distributed._tools.mem_tracker import MemTracker
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
+
+    _UPDATE_REF = _UpdateType.REF
+    to_copy = torch.ops.aten._to_copy.default
 
     base: Any = MemTracker
     if fsdp_root is not None:
@@ -227,13 +231,58 @@ def _make_tracker(fsdp_root: Any = None, optimizer: Any = None) -> Any:
         def _update_peak_stats(self, peak_state: Any) -> None:
             self._record()
 
+        def gradient_infos(self, module: Any) -> list[Any]:
+            """Tracking records of the storages now holding ``module``'s gradients (no references kept)."""
+            infos = []
+            for p in module.parameters():
+                g = p.grad
+                if g is None or not hasattr(g, "untyped_storage"):
+                    continue
+                try:
+                    st = g.untyped_storage()
+                except (RuntimeError, NotImplementedError):  # e.g. DTensor gradients of FSDP
+                    continue
+                entry = self._WINFO.get(st)
+                if entry is not None:
+                    infos.append(entry)
+            return infos
+
+        def retag_as_gradients(self, infos: list[Any]) -> None:
+            """Count still-alive gradient storages (DDP buckets survive ``zero_grad``) as gradients."""
+            grad = self._ref_class("Gradient") if "Gradient" in {r.value for r in self._ref_class} else None
+            if grad is None:
+                return
+            for winfo, w_st in infos:
+                if w_st() is not None and winfo.reftype != grad:
+                    old = winfo.reftype
+                    winfo.reftype = grad
+                    self._update_snap(_UPDATE_REF, winfo, old_reftype=old)
+
         def _track(self, reftype: Any, t: Any) -> None:
             if self.phase == "loss" and reftype.value == "Activation":
                 reftype = self._ref_class("Temp")
             super()._track(reftype, t)
 
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            res = super().__torch_dispatch__(func, types, args, kwargs)
+            # autocast's casts of weights (cached for the whole forward) are weight copies:
+            # count them with the parameters, not with the activations.
+            is_cast = func is to_copy and args and isinstance(args[0], torch.Tensor)
+            if is_cast and isinstance(res, torch.Tensor):
+                src = self._WINFO.get(args[0].untyped_storage())
+                if src is not None and src[0].reftype.value in _PARAM_KINDS:
+                    dst = self._WINFO.get(res.untyped_storage())
+                    kind = self._ref_class("Unsharded Param" if fsdp_root is not None else "Parameter")
+                    if dst is not None and dst[0].reftype != kind:
+                        old = dst[0].reftype
+                        dst[0].reftype = kind
+                        self._update_snap(_UPDATE_REF, dst[0], old_reftype=old)
+            return res
+
     return PhaseMemTracker()
 
+
+_PARAM_KINDS = frozenset({"Parameter", "Sharded Param", "Unsharded Param"})
 
 # MemTracker / FSDPMemTracker categories (their ``.value`` strings) -> Breakdown fields.
 _CATEGORY = {
@@ -402,10 +451,18 @@ def run_reference_step(
             for _ in range(grad_accum)
         ]
         tracker.track_external(model, opt)
+        # DDP rebuilds its gradient buckets once, at the second iteration: measure the
+        # step after that, and count the buckets (alive all step) as gradients.
+        from torch.nn.parallel import DistributedDataParallel
+
+        steps = STEPS + 1 if isinstance(train_model, DistributedDataParallel) else STEPS
+        grad_infos: list[Any] = []
         try:
             with tracker:
-                for step in range(STEPS):
-                    tracker.recording = step == STEPS - 1
+                for step in range(steps):
+                    tracker.recording = step == steps - 1
+                    if tracker.recording:
+                        tracker.retag_as_gradients(grad_infos)
                     for micro in range(grad_accum):
                         tracker.reset_mod_stats()
                         ids = gen_ids[micro].clone()
@@ -416,6 +473,8 @@ def run_reference_step(
                         tracker.set_phase("backward")
                         loss.backward()
                         del loss
+                    if step == steps - 2:
+                        grad_infos = tracker.gradient_infos(model)
                     tracker.set_phase("optimizer")
                     opt.step()
                     opt.zero_grad(set_to_none=True)

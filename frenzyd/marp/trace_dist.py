@@ -179,6 +179,9 @@ def _run_real(
         procs = []
         for rank in range(world):
             env = dict(os.environ)
+            # The ranks import this very package, installed or not.
+            pkg_root = str(Path(__file__).resolve().parent.parent.parent)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
             env.update(
                 RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
