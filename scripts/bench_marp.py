@@ -430,13 +430,9 @@ def speed(analytic: Any) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     out["analytic_predict_ms_median"] = statistics.median(times) * 1e3
     out["analytic_predict_ms_p95"] = sorted(times)[int(0.95 * len(times))] * 1e3
-    try:
-        from frenzyd.marp.plans import feasible_plans
+    from frenzyd.gpu_types import type_info
+    from frenzyd.marp.plans import feasible_plans
 
-        from frenzyd.gpu_types import type_info
-    except ImportError as e:
-        out["plans_note"] = f"plans not available: {e}"
-        return out
     types = ["A100-80GB", "H100-80GB", "RTX-4090", "V100-32GB"]
     pools = []
     for t in types:
