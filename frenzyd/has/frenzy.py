@@ -50,7 +50,16 @@ from __future__ import annotations
 import heapq
 import random
 
-from frenzyd.has.interface import Decision, Gpu, JobView, Placement, RunningJob, Snapshot, pick_packed
+from frenzyd.has.interface import (
+    Cluster,
+    Decision,
+    Gpu,
+    JobView,
+    Placement,
+    RunningJob,
+    Snapshot,
+    pick_packed,
+)
 from frenzyd.marp.spec import Plan
 
 AGING = 0.25
@@ -65,9 +74,6 @@ STARVATION_S = 2 * 3600.0
 """Queue time after which the head job gets its GPU type reserved."""
 GROW_MIN_GAIN = 0.2
 """With nobody waiting, a running job moves onto idle GPUs only if it then ends ≥ 20 % sooner."""
-MAX_SHARE = 1.0
-"""Most of a type's GPUs one job may take (unless it fits on no fewer); 1.0 = no cap (caps of 0.25
-and 0.5 made average JCT worse in our runs)."""
 GROW_WHEN_BLOCKED = True
 """Grow onto idle GPUs of types no waiting job can use, even while other jobs wait."""
 GROW_TRIES = 8
@@ -93,7 +99,7 @@ class FrenzyPolicy:
     def __init__(self) -> None:
         self._ranked: dict[tuple[str, float], tuple[tuple[float, Plan], ...]] = {}
         self._fastest: dict[str, float] = {}
-        self._min_cache: dict[tuple[str, str], int] = {}
+        self._totals: tuple[Cluster, dict[str, int]] | None = None
 
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
         key = (job.job_id, gamma)
@@ -109,17 +115,6 @@ class FrenzyPolicy:
                 self._ranked.clear()
             self._ranked[key] = ranked
         return ranked
-
-    def _min_gpus(self, job: JobView, gpu_type: str) -> int:
-        """Fewest GPUs of ``gpu_type`` the job fits on (cached per job)."""
-        key = (job.job_id, gpu_type)
-        got = self._min_cache.get(key)
-        if got is None:
-            got = min((p.gpus for p in job.plans if p.gpu_type == gpu_type), default=0)
-            if len(self._min_cache) > 100_000:
-                self._min_cache.clear()
-            self._min_cache[key] = got
-        return got
 
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
         """GPU count of the job's cheapest plan of ``gpu_type`` while others wait (its un-grown size)."""
@@ -142,9 +137,12 @@ class FrenzyPolicy:
         cluster = snapshot.cluster
         memory = {t.name: t.memory_bytes for t in cluster.types}
         speeds = {t.name: t.speed for t in cluster.types}
-        total: dict[str, int] = {}
-        for g in cluster.gpus:
-            total[g.gpu_type] = total.get(g.gpu_type, 0) + 1
+        if self._totals is None or self._totals[0] is not cluster:  # the cluster is static: count once
+            counts: dict[str, int] = {}
+            for g in cluster.gpus:
+                counts[g.gpu_type] = counts.get(g.gpu_type, 0) + 1
+            self._totals = (cluster, counts)
+        total = self._totals[1]
         free: dict[str, dict[str, list[Gpu]]] = {}
         free_n: dict[str, int] = {}
         for g in snapshot.free:
@@ -158,9 +156,6 @@ class FrenzyPolicy:
             runs_on.setdefault(r.plan.gpu_type, []).append(r)
         moved: set[str] = set()
         wanted: set[str] = set()
-
-        def cap(job: JobView, t: str) -> int:
-            return max(int(MAX_SHARE * total.get(t, 0)), self._min_gpus(job, t))
 
         shrink_tries = SHRINK_TRIES
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
@@ -185,7 +180,7 @@ class FrenzyPolicy:
                 if packed_cost > best * (1.0 + MEMORY_SLACK):
                     break  # the packed cost is a lower bound of the real one
                 t = plan.gpu_type
-                if t in reserved or free_n.get(t, 0) < plan.gpus or plan.gpus > cap(job, t):
+                if t in reserved or free_n.get(t, 0) < plan.gpus:
                     continue
                 biggest = max_free.get(t)
                 if biggest is None:
@@ -353,9 +348,6 @@ class FrenzyPolicy:
         moves: list[tuple[float, str, Plan, list[Gpu]]] = []
         if not any(n > 0 for n in free_n.values()):
             return []
-        totals: dict[str, int] = {}
-        for g in snapshot.cluster.gpus:
-            totals[g.gpu_type] = totals.get(g.gpu_type, 0) + 1
         # The GROW_TRIES running jobs with the most work left (the ones a move helps most): O(R).
         lefts = []
         for run in snapshot.running:
@@ -376,8 +368,6 @@ class FrenzyPolicy:
                 own = t == run.plan.gpu_type
                 avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
                 if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
-                    continue
-                if plan.gpus > max(int(MAX_SHARE * totals.get(t, 0)), self._min_gpus(job, t)):
                     continue
                 bound = job.restart_cost_s + job.remaining_steps * plan.step_time_s  # packed: a lower bound
                 if bound >= now_left * (1.0 - GROW_MIN_GAIN) or (best is not None and bound >= best[0]):
