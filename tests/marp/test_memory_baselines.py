@@ -13,46 +13,12 @@ from frenzyd.marp.baselines import (
     megatron_param_count,
     megatron_theoretical,
 )
-from frenzyd.marp.spec import ModelSpec, TrainingSetup
+from frenzyd.marp.model import load_model
+from frenzyd.marp.spec import TrainingSetup
 
-LLAMA2_7B = ModelSpec(
-    name="llama-2-7b",
-    family="llama",
-    hidden=4096,
-    layers=32,
-    heads=32,
-    kv_heads=32,
-    head_dim=128,
-    ffn=11008,
-    vocab=32000,
-    max_positions=4096,
-    tied_embeddings=False,
-    gated_mlp=True,
-    qkv_bias=False,
-    mlp_bias=False,
-    o_bias=False,
-    norm="rmsnorm",
-    learned_positions=False,
-)
-GPT2 = ModelSpec(
-    name="gpt2",
-    family="gpt2",
-    hidden=768,
-    layers=12,
-    heads=12,
-    kv_heads=12,
-    head_dim=64,
-    ffn=3072,
-    vocab=50257,
-    max_positions=1024,
-    tied_embeddings=True,
-    gated_mlp=False,
-    qkv_bias=True,
-    mlp_bias=True,
-    o_bias=True,
-    norm="layernorm",
-    learned_positions=True,
-)
+# The shipped presets are the published configs (their parameter counts are tested in test_model.py).
+LLAMA2_7B = load_model("llama-2-7b")
+GPT2 = load_model("gpt2")
 
 
 def test_megatron_counts_llama2_7b_exactly() -> None:
