@@ -184,9 +184,6 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             # --- failover: a long job B holds n0 and n1, job C (1 rank, 20 GiB) waits behind it
             job_b = _submit_detached(n2, jobdir, "--steps", "400", "--sleep", "0.1")
             wait_until(lambda: _job_state(n2, job_b) == "running", 180, "job B to run")
-            # B must be past its rendezvous: a rank still connecting to a store that died with the
-            # coordinator's daemon would wait out torch's 30-minute store timeout (reported gap)
-            wait_until(lambda: "step 2 loss" in n2.client("logs", job_b, check=False), 180, "job B training")
             job_c = _submit_detached(n2, jobdir, "--steps", "10", nproc=1)
             wait_until(lambda: _job_state(n2, job_c) == "queued", 60, "job C to be queued")
             t_kill = time.monotonic()
