@@ -191,9 +191,10 @@ class Launcher:
         log_path = self.dir / f"{job_id}.store.log"
         with log_path.open("wb") as errlog:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
+                # -P and a cwd of our own: a `frenzyd` directory in the daemon's cwd must not shadow ours
+                sys.executable, "-P", "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
                 "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog, cwd=self.dir,
                 start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
             )
         assert proc.stdout is not None

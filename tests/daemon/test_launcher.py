@@ -177,6 +177,19 @@ async def test_store_listens_only_on_its_address(tmp_path: Path) -> None:
         pass
 
 
+async def test_store_ignores_a_frenzyd_in_the_daemons_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an old checkout in the working directory must not shadow the running frenzyd (python -m puts cwd first)
+    (tmp_path / "old" / "frenzyd").mkdir(parents=True)
+    (tmp_path / "old" / "frenzyd" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path / "old")
+    launcher = Launcher(tmp_path / "data")
+    port = await launcher.start_store("j-cwd", "127.0.0.1")
+    await launcher.stop_store("j-cwd")
+    assert port > 0
+
+
 async def test_store_on_foreign_address_fails_clearly(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
     with pytest.raises(LaunchError, match=r"rendezvous store did not start on 192\.0\.2\.1"):
