@@ -33,6 +33,7 @@ from frenzyd import wire
 from frenzyd.auth import Credentials
 from frenzyd.config import Config, interface_ipv4
 from frenzyd.errors import FrenzyError
+from frenzyd.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Discovery:
         self._announcing: object = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen: dict[str, tuple[str, ...]] = {}
+        self._ratelog = RateLimitedLog(log)
         self.instance_name = f"{creds.node_name[:50]}-{creds.node_id[:8]}.{SERVICE_TYPE}"
 
     async def start(self) -> None:
@@ -181,7 +183,7 @@ class Discovery:
             addrs = tuple(a for a in info.parsed_addresses(IPVersion.V4Only) if _is_ipv4(a))
         except ValueError as exc:
             self.dropped["bad_txt"] += 1
-            log.debug("mDNS: ignoring %s: %s", name, exc)
+            self._ratelog.warning("bad_txt", "mDNS: ignoring the announcement of %s: %s", name[:80], exc)
             return
         except asyncio.CancelledError:
             raise

@@ -13,7 +13,8 @@ address it knows (static peers, discovery, peers' reports) and gets the peer's
 heartbeat back; liveness is "heard within ``timing.peer_timeout_s``", and the
 election is ticked after each round.  Orders that start or stop processes travel as
 ``signed`` envelopes (``send_signed``): verified against the pool CA and the TLS
-sender, their ``term`` checked by the election, before the handler runs.
+sender, their ``term`` checked by the election, before the handler runs.  A message
+addressed to this node itself goes through the same decode and checks without the network.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from frenzyd.config import Config
 from frenzyd.election import Change, ElectionState, PeerView
 from frenzyd.errors import AuthError, ConfigError, ElectionError, FrenzyError, PeerError, WireError
 from frenzyd.peer_table import AddressBook, PeerRecord, PeerTable
+from frenzyd.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -62,32 +64,6 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any] | Reply | Non
 
 FallbackHandler = Callable[[str, wire.Message, bool], Awaitable[dict[str, Any] | Reply | None]]
 """``async on_message(peer_id, message, signed)`` for kinds without a registered handler."""
-
-
-class RateLimitedLog:
-    """Log the first event of each key at WARNING, then at most one WARNING per ``interval_s``
-    (saying how many were suppressed); the rest go to DEBUG."""
-
-    def __init__(
-        self, logger: logging.Logger, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._log = logger
-        self._interval = interval_s
-        self._clock = clock
-        self._last: dict[str, float] = {}
-        self._suppressed: Counter[str] = Counter()
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        now = self._clock()
-        last = self._last.get(key)
-        if last is None or now - last >= self._interval:
-            self._last[key] = now
-            n = self._suppressed.pop(key, 0)
-            suffix = f" (and {n} more since the last report)" if n else ""
-            self._log.warning(msg + suffix, *args)
-        else:
-            self._suppressed[key] += 1
-            self._log.debug(msg, *args)
 
 
 def _tls_peer_der(transport: asyncio.BaseTransport | None) -> bytes:

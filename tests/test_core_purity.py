@@ -31,8 +31,8 @@ def test_core_module_imports_nothing_impure(module: str) -> None:
     if importlib.util.find_spec(module) is None:
         pytest.fail(f"core module {module} is missing")
     code = (
-        "import sys, importlib; importlib.import_module(%r); "
-        "bad = [m for m in %r if m in sys.modules]; print(','.join(bad))" % (module, FORBIDDEN)
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        f"bad = [m for m in {FORBIDDEN!r} if m in sys.modules]; print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"

@@ -132,6 +132,7 @@ async def test_status_json_over_tcp_needs_the_token(env: Env) -> None:
     assert "wrong API token" in err
     token = env.tmp / "a" / "client.token"
     assert token.stat().st_mode & 0o777 == 0o600
+    assert (env.tmp / "a" / "client.sock").stat().st_mode & 0o777 == 0o660  # file permissions gate it
     rc, out, err = await env.cli("status", "--json", "--token-file", str(token), daemon="tcp")
     assert rc == 0, err
     st = json.loads(out)

@@ -17,7 +17,8 @@ from frenzyd import auth, tls, wire
 from frenzyd.election import ElectionState, Role
 from frenzyd.errors import PeerError
 from frenzyd.peer_table import AddressBook, PeerTable
-from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, RateLimitedLog, Reply
+from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
+from frenzyd.ratelog import RateLimitedLog
 
 from .conftest import fast_config
 
