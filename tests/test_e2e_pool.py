@@ -149,6 +149,10 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
                             env=env(), timeout=60)
             assert probe.returncode == 0, probe.stdout + probe.stderr
             assert probe.stdout.strip().startswith("refused"), probe.stdout
+            refusals = lab.run(0, [PY, "-c", _GET, "http://127.0.0.1:7480/metrics"], timeout=30).stdout
+            pattern = r"^frenzy_peer_auth_refused_total\{[^}]*\} (\S+)$"
+            counts = [float(v) for v in re.findall(pattern, refusals, re.M)]
+            assert sum(counts) >= 1, refusals  # the refusal is counted by reason
 
             # --- a job submitted on the third peer runs on the other two, across namespaces
             results = tmp_path / "results"
