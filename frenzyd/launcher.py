@@ -145,17 +145,49 @@ class RankHandle:
         self.pid = proc.pid
         self.pid_file = pid_file
         self._pumps: list[asyncio.Task[None]] = []
-        self._done = asyncio.Event()
+        self._exited: asyncio.Future[None] | None = None
         self.returncode: int | None = None
+        # A pidfd tells us when the rank itself exits, even while a child it left behind still holds
+        # our pipes (asyncio's wait() only returns once every pipe is closed).
+        try:
+            self._pidfd: int | None = os.pidfd_open(proc.pid)
+        except (OSError, AttributeError):
+            self._pidfd = None
+
+    async def _rank_exited(self) -> None:
+        if self._pidfd is None or self.proc.returncode is not None:
+            return
+        if self._exited is None:
+            loop = asyncio.get_running_loop()
+            self._exited = loop.create_future()
+            fd, fut = self._pidfd, self._exited
+
+            def ready() -> None:
+                loop.remove_reader(fd)
+                if not fut.done():
+                    fut.set_result(None)
+
+            loop.add_reader(fd, ready)
+        await asyncio.shield(self._exited)
 
     async def wait(self) -> int:
-        """The rank's exit code (negative: killed by that signal), once its output is drained."""
+        """The rank's exit code (negative: killed by that signal), once its output is drained.
+
+        When the rank exits, whatever it left running in its process group is killed (a
+        volunteer's machine keeps no strays, and they would hold the output pipes open).
+        """
+        if self.returncode is not None:
+            return self.returncode
+        await self._rank_exited()
+        _killpg(self.pid, signal.SIGKILL)
         code = await self.proc.wait()
         if self._pumps:
             await asyncio.gather(*self._pumps, return_exceptions=True)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         self.returncode = code
         self.pid_file.unlink(missing_ok=True)
-        self._done.set()
         return code
 
     @property
@@ -191,9 +223,10 @@ class Launcher:
         log_path = self.dir / f"{job_id}.store.log"
         with log_path.open("wb") as errlog:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
+                # -P and a cwd of our own: a `frenzyd` directory in the daemon's cwd must not shadow ours
+                sys.executable, "-P", "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
                 "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog, cwd=self.dir,
                 start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
             )
         assert proc.stdout is not None
@@ -312,7 +345,10 @@ class Launcher:
             except (OSError, ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
                 continue
-            if start is not None and _proc_start_time(pid) == start:
+            now = _proc_start_time(pid)
+            # The leader may be gone (parent-death signal) while its children live on in its group;
+            # a pid that is still some group's id cannot have been reused, so the group is ours.
+            if (start is not None and now == start) or (now is None and _pgid_members({pid})):
                 _killpg(pid, signal.SIGKILL)
                 killed.append(pid)
             path.unlink(missing_ok=True)

@@ -177,6 +177,19 @@ async def test_store_listens_only_on_its_address(tmp_path: Path) -> None:
         pass
 
 
+async def test_store_ignores_a_frenzyd_in_the_daemons_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an old checkout in the working directory must not shadow the running frenzyd (python -m puts cwd first)
+    (tmp_path / "old" / "frenzyd").mkdir(parents=True)
+    (tmp_path / "old" / "frenzyd" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path / "old")
+    launcher = Launcher(tmp_path / "data")
+    port = await launcher.start_store("j-cwd", "127.0.0.1")
+    await launcher.stop_store("j-cwd")
+    assert port > 0
+
+
 async def test_store_on_foreign_address_fails_clearly(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
     with pytest.raises(LaunchError, match=r"rendezvous store did not start on 192\.0\.2\.1"):
@@ -260,6 +273,29 @@ async def test_ranks_die_with_their_daemon_and_leftovers_are_reaped(tmp_path: Pa
     assert not list((tmp_path / "data" / "launcher" / "pids").glob("*.pid"))
 
 
+async def test_reap_kills_a_group_whose_leader_is_already_reaped(tmp_path: Path) -> None:
+    # a rank killed by the parent-death signal and reaped by init leaves its children in its group
+    code = (
+        "import subprocess,sys\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                     stdout=subprocess.DEVNULL)\n"
+        "print(c.pid)\n"
+    )
+    leader = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert leader.stdout is not None
+    async with asyncio.timeout(30):
+        child_pid = int(await leader.stdout.readline())
+    launcher = Launcher(tmp_path / "data")
+    launcher._write_pid("old.rank0", leader.pid)
+    assert await leader.wait() == 0  # the leader is gone and reaped; its child lives on in its group
+    assert alive(child_pid)
+    assert launcher.reap_leftovers() == [leader.pid]
+    await wait_pid_gone(child_pid, 10)
+    assert not alive(child_pid)
+
+
 async def test_reap_ignores_recycled_pids(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
     # a pid file whose pid now belongs to another process (different start time): left alone
@@ -267,6 +303,23 @@ async def test_reap_ignores_recycled_pids(tmp_path: Path) -> None:
     (launcher.pid_dir / "junk.pid").write_text("not json")
     assert launcher.reap_leftovers() == []
     assert not list(launcher.pid_dir.iterdir())
+
+
+async def test_rank_exit_is_seen_and_its_strays_killed(tmp_path: Path) -> None:
+    # the rank exits but leaves a child holding its stdout: wait() still returns, the child is killed
+    (tmp_path / "stray.py").write_text(
+        "import subprocess, sys\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print(c.pid, flush=True)\n"
+    )
+    launcher = Launcher(tmp_path / "data")
+    out = Output()
+    h = await launcher.launch(spec("j-s", 0, 1, 1, tmp_path, ["stray.py"]), out)
+    child = int((await out.wait_for(0, r"(\d+)\n")).group(1))
+    async with asyncio.timeout(30):
+        assert await h.wait() == 0
+    await wait_pid_gone(child, 10)
+    assert not alive(child)
 
 
 async def test_output_callback_failure_does_not_block_the_rank(tmp_path: Path) -> None:
