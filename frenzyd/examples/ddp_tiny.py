@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -75,8 +76,16 @@ def main() -> None:
         (out / "result.json").write_text(json.dumps(result, indent=1))
         print(f"done: loss {losses[0]:.4f} -> {losses[-1]:.4f}; wrote {out / 'result.json'}", flush=True)
     dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    # Seen about once in 40 runs on a loaded 2-core box: a rank that finished and passed the
+    # final barrier aborts in C++ teardown ("terminate called without an active exception",
+    # SIGABRT) while gloo's threads are destroyed at interpreter exit. Everything is written
+    # and flushed by now, so leave without running the static destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
