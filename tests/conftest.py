@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to the real data, and a guard that keeps tests off the network."""
+"""Shared fixtures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 @pytest.fixture

@@ -15,6 +15,10 @@ CORE_MODULES = [
     "frenzyd.marp.model",
     "frenzyd.marp.analytic",
     "frenzyd.marp.plans",
+    "frenzyd.marp.validate",
+    "frenzyd.marp.overhead",
+    "frenzyd.marp.baselines",
+    "frenzyd.marp.trace",  # imports torch lazily, inside its functions
     "frenzyd.has.interface",
     "frenzyd.has.frenzy",
     "frenzyd.has.fifo",
@@ -22,6 +26,10 @@ CORE_MODULES = [
     "frenzyd.wire",
     "frenzyd.auth",
     "frenzyd.election",
+    "frenzyd.peer_table",
+    "frenzyd.jobs",
+    "frenzyd.state",
+    "frenzyd.placement",
 ]
 FORBIDDEN = ["socket", "asyncio", "torch", "zeroconf", "aiohttp", "threading", "pynvml", "transformers"]
 
