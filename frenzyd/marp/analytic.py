@@ -167,6 +167,11 @@ def _stage_phases(
     one_micro = pre + layers * kept_layer + (sb * h * ab if pp > 1 and not first else 0)
     stage_act = inflight * one_micro
     others = (inflight - 1) * one_micro  # earlier in-flight microbatches, untouched by this one's backward
+    # autocast's bf16 weight copies saved for backward (no recompute) are copies of weights, not of the
+    # batch: the breakdown files them under parameters, as torch's MemTracker does (sums are unchanged)
+    wc = lbytes.weight_copies if not recompute else 0
+    stage_wc = inflight * layers * wc
+    others_wc = (inflight - 1) * layers * wc
 
     fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
     if recompute:
@@ -221,7 +226,16 @@ def _stage_phases(
         return grads_early if grads_early else done
 
     out: list[tuple[Phase, Breakdown]] = [
-        ("forward", Breakdown(params + gathered_all + cache, grads_early, opt_bytes, stage_act, fwd_temp)),
+        (
+            "forward",
+            Breakdown(
+                params + gathered_all + cache + stage_wc,
+                grads_early,
+                opt_bytes,
+                stage_act - stage_wc,
+                fwd_temp,
+            ),
+        ),
     ]
     if last:
         # the final norm ends the forward phase
@@ -231,7 +245,11 @@ def _stage_phases(
             (
                 "forward",
                 Breakdown(
-                    params + gathered_all + cache, grads_early, opt_bytes, stage_act + norm_saved, norm_temp
+                    params + gathered_all + cache + stage_wc,
+                    grads_early,
+                    opt_bytes,
+                    stage_act + norm_saved - stage_wc,
+                    norm_temp,
                 ),
             )
         )
@@ -241,9 +259,25 @@ def _stage_phases(
         loss_act = stage_act + post + 4 * logits
         fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
         out.append(
-            ("loss", Breakdown(params + gathered_loss + cache, grads_early, opt_bytes, loss_act, fwd_side))
+            (
+                "loss",
+                Breakdown(
+                    params + gathered_loss + cache + stage_wc,
+                    grads_early,
+                    opt_bytes,
+                    loss_act - stage_wc,
+                    fwd_side,
+                ),
+            )
         )
-        out.append(("loss", Breakdown(params + gathered_loss, grads_early, opt_bytes, loss_act, 8 * logits)))
+        out.append(
+            (
+                "loss",
+                Breakdown(
+                    params + gathered_loss + stage_wc, grads_early, opt_bytes, loss_act - stage_wc, 8 * logits
+                ),
+            )
+        )
         # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
         # backward), the head's weight gradient and the hidden-state gradient
         head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
@@ -252,10 +286,10 @@ def _stage_phases(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_loss,
+                    params + gathered_loss + stage_wc,
                     grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
                     opt_bytes,
-                    stage_act + post,
+                    stage_act + post - stage_wc,
                     temp,
                 ),
             )
@@ -266,10 +300,10 @@ def _stage_phases(
         (
             "backward",
             Breakdown(
-                params + gathered_all,
+                params + gathered_all + stage_wc,
                 grads_at(head_g + layer_g) + head_pending,
                 opt_bytes,
-                stage_act,
+                stage_act - stage_wc,
                 bwd_temp + rs_buffer,
             ),
         )
@@ -278,10 +312,10 @@ def _stage_phases(
         (
             "backward",
             Breakdown(
-                params + gathered_last,
+                params + gathered_last + others_wc + wc,
                 grads_at(head_g + layers * layer_g) + head_pending,
                 opt_bytes,
-                others + pre + kept_layer,
+                others + pre + kept_layer - others_wc - wc,
                 bwd_temp + rs_buffer,
             ),
         )
@@ -296,10 +330,10 @@ def _stage_phases(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_emb,
+                    params + gathered_emb + others_wc,
                     grads_at(head_g + layers * layer_g) + head_pending,
                     opt_bytes,
-                    others + pre,
+                    others + pre - others_wc,
                     emb_temp + sb * h * ab,
                 ),
             )
@@ -311,10 +345,10 @@ def _stage_phases(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_emb,
+                    params + gathered_emb + others_wc,
                     grads_at(layers * layer_g) + root_grads,
                     opt_bytes,
-                    others,
+                    others - others_wc,
                     root_grads,
                 ),
             )
