@@ -152,9 +152,7 @@ def render_page(st: Mapping[str, Any]) -> str:
     out.append("<table><tr><th>id</th><th>state</th><th>submitter</th><th>plan</th><th>ranks</th></tr>")
     for j in jobs:
         plan = j.get("plan")
-        plan_text = (
-            ", ".join(f"{_e(k)}={_e(v)}" for k, v in plan.items()) if isinstance(plan, Mapping) else "—"
-        )
+        plan_text = _plan_text(plan) if isinstance(plan, Mapping) else "—"
         ranks = ", ".join(
             f"{_e(r.get('rank'))}@{_e(names.get(r.get('peer')) or _short(r.get('peer')))}"
             f":{_e(r.get('gpu'))}"
@@ -169,6 +167,27 @@ def render_page(st: Mapping[str, Any]) -> str:
     out.append("<p><a href='/api/v1/status'>status JSON</a> · <a href='/metrics'>metrics</a></p>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _plan_text(plan: Mapping[str, Any]) -> str:
+    """A plan as a person reads it: shape first, memory in GiB, then anything else the plan carries."""
+    shown = {
+        "gpus", "gpu_type", "dp", "tp", "pp", "zero", "bytes_per_gpu", "gpu_memory_bytes", "source", "policy",
+    }
+    head = (
+        f"{_e(plan.get('gpus', '?'))} × {_e(plan.get('gpu_type', '?'))}: dp {_e(plan.get('dp', 1))}, "
+        f"tp {_e(plan.get('tp', 1))}, pp {_e(plan.get('pp', 1))}, ZeRO-{_e(plan.get('zero', 0))}"
+    )
+    if "bytes_per_gpu" in plan:
+        head += f"; {_e(_gib(plan['bytes_per_gpu']))} GiB per GPU"
+        if "gpu_memory_bytes" in plan:
+            head += f" of {_e(_gib(plan['gpu_memory_bytes']))}"
+        if plan.get("source"):
+            head += f" ({_e(plan['source'])})"
+    if plan.get("policy"):
+        head += f"; placed by {_e(plan['policy'])}"
+    rest = ", ".join(f"{_e(k)}={_e(v)}" for k, v in plan.items() if k not in shown)
+    return f"{head}<br><small>{rest}</small>" if rest else head
 
 
 class WebServer:

@@ -95,7 +95,7 @@ async def test_html_page_shows_peers_gpus_jobs_and_escapes(server: tuple[str, Bo
     assert "2 alive of 3" in page
     assert "<code>job-2</code></td><td>queued" in page
     assert "0@ws-01:SIM-ws-01-0" in page
-    assert "gpu_type=A100-80GB" in page
+    assert "1 × A100-80GB: dp 1, tp 1, pp 1, ZeRO-0" in page
 
 
 async def test_page_without_coordinator(server: tuple[str, Box, MetricsRegistry]) -> None:
