@@ -90,6 +90,28 @@ SHRINK_MIN_RUN_S = 120.0
 """Queue time after which the head job gets its GPU type reserved."""
 
 
+def _peers_needed(counts_desc: list[int], n: int, tp: int) -> int:
+    """Peers :func:`pick_packed` spans for ``n`` GPUs over several peers (fullest first); 0: impossible.
+
+    ``counts_desc``: free GPUs per peer of one type, descending.  The same
+    count as picking the GPUs, without building the lists: O(peers used).
+    """
+    got = 0
+    used = 0
+    for c in counts_desc:
+        take = min((c // tp) * tp, n - got)
+        take = (take // tp) * tp
+        if take <= 0:
+            if c < tp:
+                break  # descending: no later peer holds a whole tp group either
+            continue
+        got += take
+        used += 1
+        if got == n:
+            return used
+    return 0
+
+
 class FrenzyPolicy:
     """Frenzy HAS (see module docstring for the algorithm, invariants and complexity)."""
 
@@ -105,12 +127,19 @@ class FrenzyPolicy:
         key = (job.job_id, gamma)
         ranked = self._ranked.get(key)
         if ranked is None:
-            ranked = tuple(
-                sorted(
-                    ((p.step_time_s * p.gpus**gamma, p) for p in job.plans),
-                    key=lambda cp: (cp[0], cp[1].gpu_type, cp[1].gpus, cp[1].tp, cp[1].pp, cp[1].zero),
-                )
+            plans = job.plans
+            # Decorated sort (no key function): cost, then a deterministic tie-break, then the index.
+            order = sorted(
+                [
+                    (p.step_time_s * p.gpus**gamma, p.gpu_type, p.gpus, p.tp, p.pp, p.zero, i)
+                    for i, p in enumerate(plans)
+                ]
             )
+            ranked = tuple((o[0], plans[o[6]]) for o in order)
+            if job.job_id not in self._fastest:
+                if len(self._fastest) > 100_000:
+                    self._fastest.clear()
+                self._fastest[job.job_id] = min((p.step_time_s for p in plans), default=float("inf"))
             if len(self._ranked) > 100_000:
                 self._ranked.clear()
             self._ranked[key] = ranked
@@ -159,6 +188,7 @@ class FrenzyPolicy:
 
         shrink_tries = SHRINK_TRIES
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
+        peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
         order = sorted(
             snapshot.queued,
             key=lambda j: (self._remaining_s(j) - AGING * (now - j.arrival_s), j.arrival_s, j.job_id),
@@ -176,8 +206,9 @@ class FrenzyPolicy:
             ranked = self._ranking(job, gamma)
             candidates: list[tuple[float, Plan, list[Gpu] | None]] = []
             best = float("inf")
+            reach = 1.0 + MEMORY_SLACK
             for packed_cost, plan in ranked:
-                if packed_cost > best * (1.0 + MEMORY_SLACK):
+                if packed_cost > best * reach:
                     break  # the packed cost is a lower bound of the real one
                 t = plan.gpu_type
                 if t in reserved or free_n.get(t, 0) < plan.gpus:
@@ -189,12 +220,15 @@ class FrenzyPolicy:
                     candidates.append((packed_cost, plan, None))
                     best = min(best, packed_cost)
                     continue
-                picked = pick_packed(free[t], plan.gpus, plan.tp)
-                if picked is None:
+                per_peer = peer_counts.get(t)
+                if per_peer is None:
+                    per_peer = peer_counts[t] = sorted((len(gs) for gs in free[t].values()), reverse=True)
+                peers = _peers_needed(per_peer, plan.gpus, plan.tp)
+                if peers == 0:
                     continue
-                step = job.speed.step_time_s(plan, speeds[t], len({g.peer for g in picked}))
+                step = job.speed.step_time_s(plan, speeds[t], peers)
                 cost = step * plan.gpus**gamma
-                candidates.append((cost, plan, picked))
+                candidates.append((cost, plan, None))
                 best = min(best, cost)
             if candidates:
                 _, choice, maybe = min(
@@ -205,6 +239,7 @@ class FrenzyPolicy:
                 if gpus is None:  # cannot happen: one peer had room; keep the invariant explicit
                     continue
                 max_free.pop(choice.gpu_type, None)
+                peer_counts.pop(choice.gpu_type, None)
                 for g in gpus:
                     free[choice.gpu_type][g.peer].remove(g)
                 free_n[choice.gpu_type] -= len(gpus)
@@ -227,6 +262,7 @@ class FrenzyPolicy:
                 if pair is not None:
                     stopped, places = pair
                     max_free.clear()
+                    peer_counts.clear()
                     if stopped is not None:
                         preemptions.append(stopped)
                     placements.extend(places)
@@ -348,18 +384,19 @@ class FrenzyPolicy:
         moves: list[tuple[float, str, Plan, list[Gpu]]] = []
         if not any(n > 0 for n in free_n.values()):
             return []
-        # The GROW_TRIES running jobs with the most work left (the ones a move helps most): O(R).
-        lefts = []
-        for run in snapshot.running:
-            if run.job.job_id in skip:  # already shrunk this round: its old GPUs are not its own any more
-                continue
-            left = run.job.remaining_steps * run.job.speed.step_time_s(
+        # The GROW_TRIES running jobs with the most work left (the ones a move helps most), by the
+        # packed estimate (plain arithmetic, O(R)); the speed model re-costs only those few.
+        lefts = [
+            (run.job.remaining_steps * run.plan.step_time_s, run.job.job_id, run)
+            for run in snapshot.running
+            if run.job.job_id not in skip  # shrunk this round: its old GPUs are not its own any more
+            and run.job.remaining_steps * run.plan.step_time_s > run.job.restart_cost_s * 2
+        ]
+        for _, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
+            job = run.job
+            now_left = job.remaining_steps * job.speed.step_time_s(
                 run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus})
             )
-            if left > run.job.restart_cost_s * 2:
-                lefts.append((left, run.job.job_id, run))
-        for now_left, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
-            job = run.job
             if not any(n > 0 for n in free_n.values()):
                 break
             best: tuple[float, Plan, list[Gpu]] | None = None
