@@ -121,6 +121,7 @@ class FrenzyPolicy:
     def __init__(self) -> None:
         self._ranked: dict[tuple[str, float], tuple[tuple[float, Plan], ...]] = {}
         self._fastest: dict[str, float] = {}
+        self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
         self._totals: tuple[Cluster, dict[str, int]] | None = None
 
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
@@ -128,18 +129,23 @@ class FrenzyPolicy:
         ranked = self._ranked.get(key)
         if ranked is None:
             plans = job.plans
-            # Decorated sort (no key function): cost, then a deterministic tie-break, then the index.
+            scale = self._pow.get(gamma)
+            if scale is None:
+                scale = self._pow[gamma] = [n**gamma for n in range(257)]
+            # Decorated sort (no key function): cost, then type and GPU count (unique per plan: the
+            # plans are at most one per type and count), then the index.
             order = sorted(
                 [
-                    (p.step_time_s * p.gpus**gamma, p.gpu_type, p.gpus, p.tp, p.pp, p.zero, i)
+                    (
+                        p.step_time_s * (scale[p.gpus] if p.gpus < 257 else p.gpus**gamma),
+                        p.gpu_type,
+                        p.gpus,
+                        i,
+                    )
                     for i, p in enumerate(plans)
                 ]
             )
-            ranked = tuple((o[0], plans[o[6]]) for o in order)
-            if job.job_id not in self._fastest:
-                if len(self._fastest) > 100_000:
-                    self._fastest.clear()
-                self._fastest[job.job_id] = min((p.step_time_s for p in plans), default=float("inf"))
+            ranked = tuple((o[0], plans[o[3]]) for o in order)
             if len(self._ranked) > 100_000:
                 self._ranked.clear()
             self._ranked[key] = ranked
@@ -175,8 +181,17 @@ class FrenzyPolicy:
         free: dict[str, dict[str, list[Gpu]]] = {}
         free_n: dict[str, int] = {}
         for g in snapshot.free:
-            free.setdefault(g.gpu_type, {}).setdefault(g.peer, []).append(g)
-            free_n[g.gpu_type] = free_n.get(g.gpu_type, 0) + 1
+            t = g.gpu_type
+            by_peer = free.get(t)
+            if by_peer is None:
+                by_peer = free[t] = {}
+                free_n[t] = 0
+            on_peer = by_peer.get(g.peer)
+            if on_peer is None:
+                by_peer[g.peer] = [g]
+            else:
+                on_peer.append(g)
+            free_n[t] += 1
         if not snapshot.queued:
             return Decision(placements=tuple(self._grow(snapshot, free, free_n, speeds)))
         now = snapshot.now_s
@@ -386,12 +401,13 @@ class FrenzyPolicy:
             return []
         # The GROW_TRIES running jobs with the most work left (the ones a move helps most), by the
         # packed estimate (plain arithmetic, O(R)); the speed model re-costs only those few.
-        lefts = [
-            (run.job.remaining_steps * run.plan.step_time_s, run.job.job_id, run)
-            for run in snapshot.running
-            if run.job.job_id not in skip  # shrunk this round: its old GPUs are not its own any more
-            and run.job.remaining_steps * run.plan.step_time_s > run.job.restart_cost_s * 2
-        ]
+        lefts = []
+        for run in snapshot.running:
+            job = run.job
+            packed_left = job.remaining_steps * run.plan.step_time_s
+            # Shrunk this round: its old GPUs are not its own any more.
+            if packed_left > job.speed.restart_cost_s * 2 and job.job_id not in skip:
+                lefts.append((packed_left, job.job_id, run))
         for _, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
             job = run.job
             now_left = job.remaining_steps * job.speed.step_time_s(
@@ -399,38 +415,60 @@ class FrenzyPolicy:
             )
             if not any(n > 0 for n in free_n.values()):
                 break
-            best: tuple[float, Plan, list[Gpu]] | None = None
+            restart = job.restart_cost_s
+            target = now_left * (1.0 - GROW_MIN_GAIN)
+            # Per type: free GPUs per peer, descending (the job's own GPUs count as free on its type).
+            counts: dict[str, list[int]] = {}
+            best: tuple[float, Plan] | None = None
             for _, plan in self._ranking(job, GAMMA_ALONE):
                 t = plan.gpu_type
                 own = t == run.plan.gpu_type
                 avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
                 if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
                     continue
-                bound = job.restart_cost_s + job.remaining_steps * plan.step_time_s  # packed: a lower bound
-                if bound >= now_left * (1.0 - GROW_MIN_GAIN) or (best is not None and bound >= best[0]):
+                bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
+                if bound >= target or (best is not None and bound >= best[0]):
                     continue
+                per_peer = counts.get(t)
+                if per_peer is None:
+                    by_peer = {peer: len(gs) for peer, gs in free.get(t, {}).items()}
+                    if own:
+                        for g in run.gpus:
+                            by_peer[g.peer] = by_peer.get(g.peer, 0) + 1
+                    per_peer = counts[t] = sorted(by_peer.values(), reverse=True)
+                # As pick_packed: one peer when one holds the plan (tp groups then fit), else fullest first.
+                peers = (
+                    1
+                    if per_peer and per_peer[0] >= plan.gpus
+                    else _peers_needed(per_peer, plan.gpus, plan.tp)
+                )
+                if peers == 0:
+                    continue
+                left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
+                if left < target and (best is None or left < best[0]):
+                    best = (left, plan)
+            picked: tuple[float, Plan, list[Gpu]] | None = None
+            if best is not None:
+                t = best[1].gpu_type
                 pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
-                if own:
+                if t == run.plan.gpu_type:
                     for g in run.gpus:
                         pool.setdefault(g.peer, []).append(g)
-                gpus = pick_packed(pool, plan.gpus, plan.tp)
-                if gpus is None:
-                    continue
-                left = job.restart_cost_s + job.remaining_steps * job.speed.step_time_s(
-                    plan, speeds[t], len({g.peer for g in gpus})
-                )
-                if left < now_left * (1.0 - GROW_MIN_GAIN) and (best is None or left < best[0]):
-                    best = (left, plan, gpus)
-            if best is not None:
-                moves.append((now_left - best[0], job.job_id, best[1], best[2]))
-                t = best[1].gpu_type
+                chosen = pick_packed(pool, best[1].gpus, best[1].tp)
+                if chosen is not None:  # always: the counts above said so
+                    picked = (best[0], best[1], chosen)
+            best3 = picked
+            if best3 is not None:
+                moves.append((now_left - best3[0], job.job_id, best3[1], best3[2]))
+                t = best3[1].gpu_type
                 mine = set(run.gpus)
-                for g in best[2]:
+                taken = set(best3[2])
+                for g in best3[2]:
                     if g not in mine:
                         free[t][g.peer].remove(g)
                         free_n[t] -= 1
                 for g in run.gpus:
-                    if g not in set(best[2]):
+                    if g not in taken:
                         free.setdefault(g.gpu_type, {}).setdefault(g.peer, []).append(g)
                         free_n[g.gpu_type] = free_n.get(g.gpu_type, 0) + 1
         # In discovery order: a move may use GPUs an earlier move gave up.
