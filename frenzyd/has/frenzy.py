@@ -13,7 +13,8 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    1.6x, efficiency 80 %; :data:`GAMMA_ALONE` when no other job waits), so a
    job never spreads thin while others queue.  The first plan (cheapest) whose
    GPUs are free now wins (its cost re-evaluated with the speed model when
-   the free GPUs force it across peers), except that among plans within
+   the free GPUs force it across peers: the peer count comes from the sorted
+   per-peer free counts, and GPUs are picked only for the winner), except that among plans within
    :data:`MEMORY_SLACK` of the best cost the one on the **smallest-memory**
    type is taken, so large-memory GPUs stay free for jobs only they can hold.
 3. **Pack**: the GPUs come from one peer when one peer has them (best fit:
@@ -21,8 +22,9 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    peers, tensor-parallel groups never across peers.
 4. **Grow when idle**: GPUs still idle after the queue pass, of types no
    waiting job can use, let a running job (the :data:`GROW_TRIES` with most
-   work left) move to a bigger or faster plan if that ends it at least
-   :data:`GROW_MIN_GAIN` sooner, its restart cost included.
+   work left by the packed estimate, re-costed with the speed model) move to
+   a bigger or faster plan if that ends it at least :data:`GROW_MIN_GAIN`
+   sooner, its restart cost included.
 5. **Shrink for short jobs**: a queued job that finds no free GPUs may take
    GPUs from one running job of the same type that has far more work left
    (:data:`SHRINK_RATIO`), which keeps running on a smaller MARP plan over a
