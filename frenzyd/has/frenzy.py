@@ -121,36 +121,40 @@ class FrenzyPolicy:
     round_s: float | None = None
 
     def __init__(self) -> None:
-        self._ranked: dict[tuple[str, float], tuple[tuple[float, Plan], ...]] = {}
-        self._fastest: dict[str, float] = {}
+        # Rankings and fastest step times depend only on a job's plan set: keyed by the identity of
+        # its ``plans`` tuple (the entry keeps the tuple alive, so the id cannot be reused), jobs of
+        # one shape (the simulator shares one tuple per model, sequence and batch) share the work.
+        self._ranked: dict[tuple[int, float], tuple[tuple[Plan, ...], tuple[tuple[float, Plan], ...]]] = {}
+        self._fastest: dict[int, tuple[tuple[Plan, ...], float]] = {}
         self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
         self._totals: tuple[Cluster, dict[str, int]] | None = None
 
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
-        key = (job.job_id, gamma)
-        ranked = self._ranked.get(key)
-        if ranked is None:
-            plans = job.plans
-            scale = self._pow.get(gamma)
-            if scale is None:
-                scale = self._pow[gamma] = [n**gamma for n in range(257)]
-            # Decorated sort (no key function): cost, then type and GPU count (unique per plan: the
-            # plans are at most one per type and count), then the index.
-            order = sorted(
-                [
-                    (
-                        p.step_time_s * (scale[p.gpus] if p.gpus < 257 else p.gpus**gamma),
-                        p.gpu_type,
-                        p.gpus,
-                        i,
-                    )
-                    for i, p in enumerate(plans)
-                ]
-            )
-            ranked = tuple((o[0], plans[o[3]]) for o in order)
-            if len(self._ranked) > 100_000:
-                self._ranked.clear()
-            self._ranked[key] = ranked
+        plans = job.plans
+        key = (id(plans), gamma)
+        entry = self._ranked.get(key)
+        if entry is not None and entry[0] is plans:
+            return entry[1]
+        scale = self._pow.get(gamma)
+        if scale is None:
+            scale = self._pow[gamma] = [n**gamma for n in range(257)]
+        # Decorated sort (no key function): cost, then type and GPU count (unique per plan: the
+        # plans are at most one per type and count), then the index.
+        order = sorted(
+            [
+                (
+                    p.step_time_s * (scale[p.gpus] if p.gpus < 257 else p.gpus**gamma),
+                    p.gpu_type,
+                    p.gpus,
+                    i,
+                )
+                for i, p in enumerate(plans)
+            ]
+        )
+        ranked = tuple((o[0], plans[o[3]]) for o in order)
+        if len(self._ranked) > 100_000:
+            self._ranked.clear()
+        self._ranked[key] = (plans, ranked)
         return ranked
 
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
@@ -161,12 +165,14 @@ class FrenzyPolicy:
         return 1
 
     def _remaining_s(self, job: JobView) -> float:
-        fastest = self._fastest.get(job.job_id)
-        if fastest is None:
-            fastest = min((p.step_time_s for p in job.plans), default=float("inf"))
-            if len(self._fastest) > 100_000:
-                self._fastest.clear()
-            self._fastest[job.job_id] = fastest
+        plans = job.plans
+        entry = self._fastest.get(id(plans))
+        if entry is not None and entry[0] is plans:
+            return job.remaining_steps * entry[1]
+        fastest = min((p.step_time_s for p in plans), default=float("inf"))
+        if len(self._fastest) > 100_000:
+            self._fastest.clear()
+        self._fastest[id(plans)] = (plans, fastest)
         return job.remaining_steps * fastest
 
     def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
