@@ -82,7 +82,7 @@ GROW_TRIES = 8
 """Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
-SHRINK_PLANS = 4
+SHRINK_PLANS = 8
 """A blocked job's cheapest plans considered for shrinking."""
 SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
@@ -210,6 +210,7 @@ class FrenzyPolicy:
         wanted: set[str] = set()
 
         shrink_tries = SHRINK_TRIES
+        donor_order: dict[str, list[tuple[float, RunningJob]]] = {}  # shrink donors per type (cache)
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
         peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
         order = sorted(
@@ -275,6 +276,7 @@ class FrenzyPolicy:
                     job,
                     ranked,
                     runs_on=runs_on,
+                    donor_order=donor_order,
                     moved=moved,
                     free=free,
                     free_n=free_n,
@@ -309,6 +311,7 @@ class FrenzyPolicy:
         ranked: tuple[tuple[float, Plan], ...],
         *,
         runs_on: dict[str, list[RunningJob]],
+        donor_order: dict[str, list[tuple[float, RunningJob]]],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
@@ -334,19 +337,32 @@ class FrenzyPolicy:
             mine = job.remaining_steps * plan.step_time_s
             need = plan.gpus - free_n.get(t, 0)
             best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-            for r in runs_on.get(t, ()):
-                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+            donors = donor_order.get(t)
+            if donors is None:
+                # Once per type per round: the runs that may give GPUs, most time left first (stable:
+                # ties keep the snapshot's order), each costed once with the speed model.
+                donors = donor_order[t] = sorted(
+                    (
+                        (
+                            r.job.remaining_steps
+                            * r.job.speed.step_time_s(r.plan, speeds[t], len({g.peer for g in r.gpus})),
+                            r,
+                        )
+                        for r in runs_on.get(t, ())
+                        if now - r.started_s >= SHRINK_MIN_RUN_S
+                    ),
+                    key=lambda lr: -lr[0],
+                )
+            for left, r in donors:
+                if r.job.job_id in moved:
                     continue
                 have = len(r.gpus)
                 if have < need:
                     continue
-                left = r.job.remaining_steps * r.job.speed.step_time_s(
-                    r.plan, speeds[t], len({g.peer for g in r.gpus})
-                )
                 # A job grown past its own preferred size gives the extra GPUs back to anyone.
                 floor = self._preferred_gpus(r.job, t)
                 grown = have > floor
-                if (left < SHRINK_RATIO * mine and not grown) or (best is not None and left <= best[0]):
+                if left < SHRINK_RATIO * mine and not grown:
                     continue
                 own: dict[str, list[Gpu]] = {}
                 for g in r.gpus:
@@ -365,6 +381,7 @@ class FrenzyPolicy:
                         break
                 if option is not None:
                     best = option
+                    break  # most time left first: the first donor with an option is the best one
             if best is None:
                 continue
             _, r, donor_plan, kept = best
