@@ -31,7 +31,8 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    subset of its own GPUs, or, when no smaller plan frees enough, is stopped
    and requeued with its progress (shortest-remaining-time preemption; elastic
    like Sia's rescaling, but event-driven and only for the first
-   :data:`SHRINK_TRIES` blocked jobs of a round).
+   :data:`SHRINK_TRIES` blocked jobs of a round, each over its
+   :data:`SHRINK_PLANS` cheapest plans).
 6. **Reserve against starvation**: when the head job has waited longer than
    :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
    plan that the cluster can hold is reserved for it: no later job takes GPUs
@@ -42,9 +43,11 @@ its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
 remaining time, and only after :data:`SHRINK_MIN_RUN_S` since its last start.
-Cost per round: O(Q log Q + Q·K + G + S·K·R) for Q queued jobs, K plans per
-job (cached ranking, early exit when no GPU is free), G free GPUs and R
-running jobs over S ≤ 4 shrink attempts; no solver.
+Cost per round: O(Q log Q + Q·K + G + R log R) for Q queued jobs, K plans per
+job (rankings cached per plan set: K log K once per distinct set; early exit
+when no GPU is free), G free GPUs and R running jobs (shrink donors sorted
+once per type and round; each of the S ≤ 4 shrink attempts stops at the first
+usable donor); no solver.
 """
 
 from __future__ import annotations
