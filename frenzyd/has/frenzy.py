@@ -85,7 +85,7 @@ GROW_TRIES = 8
 """Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
-SHRINK_PLANS = 8
+SHRINK_PLANS = 4
 """A blocked job's cheapest plans considered for shrinking."""
 SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
@@ -131,6 +131,8 @@ class FrenzyPolicy:
         self._fastest: dict[int, tuple[tuple[Plan, ...], float]] = {}
         self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
         self._totals: tuple[Cluster, dict[str, int]] | None = None
+        # (job, start, plan) -> (its GPUs, step time there): a placement's speed does not change.
+        self._placed: dict[tuple[str, float, Plan], tuple[tuple[Gpu, ...], float]] = {}
 
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
         plans = job.plans
@@ -177,6 +179,18 @@ class FrenzyPolicy:
             self._fastest.clear()
         self._fastest[id(plans)] = (plans, fastest)
         return job.remaining_steps * fastest
+
+    def _placed_step_s(self, run: RunningJob, speeds: dict[str, float]) -> float:
+        """A running job's step time on its current GPUs (speed model), cached per placement."""
+        key = (run.job.job_id, run.started_s, run.plan)
+        entry = self._placed.get(key)
+        if entry is not None and entry[0] == run.gpus:
+            return entry[1]
+        step = run.job.speed.step_time_s(run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus}))
+        if len(self._placed) > 100_000:
+            self._placed.clear()
+        self._placed[key] = (run.gpus, step)
+        return step
 
     def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
         del rng
@@ -346,11 +360,7 @@ class FrenzyPolicy:
                 # ties keep the snapshot's order), each costed once with the speed model.
                 donors = donor_order[t] = sorted(
                     (
-                        (
-                            r.job.remaining_steps
-                            * r.job.speed.step_time_s(r.plan, speeds[t], len({g.peer for g in r.gpus})),
-                            r,
-                        )
+                        (r.job.remaining_steps * self._placed_step_s(r, speeds), r)
                         for r in runs_on.get(t, ())
                         if now - r.started_s >= SHRINK_MIN_RUN_S
                     ),
@@ -432,15 +442,13 @@ class FrenzyPolicy:
         lefts = []
         for run in snapshot.running:
             job = run.job
-            packed_left = job.remaining_steps * run.plan.step_time_s
-            # Shrunk this round: its old GPUs are not its own any more.
-            if packed_left > job.speed.restart_cost_s * 2 and job.job_id not in skip:
-                lefts.append((packed_left, job.job_id, run))
-        for _, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
+            if job.job_id in skip:  # shrunk this round: its old GPUs are not its own any more
+                continue
+            left = job.remaining_steps * self._placed_step_s(run, speeds)
+            if left > job.speed.restart_cost_s * 2:
+                lefts.append((left, job.job_id, run))
+        for now_left, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
             job = run.job
-            now_left = job.remaining_steps * job.speed.step_time_s(
-                run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus})
-            )
             if not any(n > 0 for n in free_n.values()):
                 break
             restart = job.restart_cost_s
