@@ -22,9 +22,9 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    peers, tensor-parallel groups never across peers.
 4. **Grow when idle**: GPUs still idle after the queue pass, of types no
    waiting job can use, let a running job (the :data:`GROW_TRIES` with most
-   work left by the packed estimate, re-costed with the speed model) move to
-   a bigger or faster plan if that ends it at least :data:`GROW_MIN_GAIN`
-   sooner, its restart cost included.
+   work left; a placement's step time is cached) move to a bigger or faster
+   plan if that ends it at least :data:`GROW_MIN_GAIN` sooner, its restart
+   cost included.
 5. **Shrink for short jobs**: a queued job that finds no free GPUs may take
    GPUs from one running job of the same type that has far more work left
    (:data:`SHRINK_RATIO`), which keeps running on a smaller MARP plan over a
