@@ -13,7 +13,8 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    1.6x, efficiency 80 %; :data:`GAMMA_ALONE` when no other job waits), so a
    job never spreads thin while others queue.  The first plan (cheapest) whose
    GPUs are free now wins (its cost re-evaluated with the speed model when
-   the free GPUs force it across peers), except that among plans within
+   the free GPUs force it across peers: the peer count comes from the sorted
+   per-peer free counts, and GPUs are picked only for the winner), except that among plans within
    :data:`MEMORY_SLACK` of the best cost the one on the **smallest-memory**
    type is taken, so large-memory GPUs stay free for jobs only they can hold.
 3. **Pack**: the GPUs come from one peer when one peer has them (best fit:
@@ -21,15 +22,17 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    peers, tensor-parallel groups never across peers.
 4. **Grow when idle**: GPUs still idle after the queue pass, of types no
    waiting job can use, let a running job (the :data:`GROW_TRIES` with most
-   work left) move to a bigger or faster plan if that ends it at least
-   :data:`GROW_MIN_GAIN` sooner, its restart cost included.
+   work left; a placement's step time is cached) move to a bigger or faster
+   plan if that ends it at least :data:`GROW_MIN_GAIN` sooner, its restart
+   cost included.
 5. **Shrink for short jobs**: a queued job that finds no free GPUs may take
    GPUs from one running job of the same type that has far more work left
    (:data:`SHRINK_RATIO`), which keeps running on a smaller MARP plan over a
    subset of its own GPUs, or, when no smaller plan frees enough, is stopped
    and requeued with its progress (shortest-remaining-time preemption; elastic
    like Sia's rescaling, but event-driven and only for the first
-   :data:`SHRINK_TRIES` blocked jobs of a round).
+   :data:`SHRINK_TRIES` blocked jobs of a round, each over its
+   :data:`SHRINK_PLANS` cheapest plans).
 6. **Reserve against starvation**: when the head job has waited longer than
    :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
    plan that the cluster can hold is reserved for it: no later job takes GPUs
@@ -40,9 +43,11 @@ its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
 remaining time, and only after :data:`SHRINK_MIN_RUN_S` since its last start.
-Cost per round: O(Q log Q + Q·K + G + S·K·R) for Q queued jobs, K plans per
-job (cached ranking, early exit when no GPU is free), G free GPUs and R
-running jobs over S ≤ 4 shrink attempts; no solver.
+Cost per round: O(Q log Q + Q·K + G + R log R) for Q queued jobs, K plans per
+job (rankings cached per plan set: K log K once per distinct set; early exit
+when no GPU is free), G free GPUs and R running jobs (shrink donors sorted
+once per type and round; each of the S ≤ 4 shrink attempts stops at the first
+usable donor); no solver.
 """
 
 from __future__ import annotations
@@ -90,6 +95,28 @@ SHRINK_MIN_RUN_S = 120.0
 """Queue time after which the head job gets its GPU type reserved."""
 
 
+def _peers_needed(counts_desc: list[int], n: int, tp: int) -> int:
+    """Peers :func:`pick_packed` spans for ``n`` GPUs over several peers (fullest first); 0: impossible.
+
+    ``counts_desc``: free GPUs per peer of one type, descending.  The same
+    count as picking the GPUs, without building the lists: O(peers used).
+    """
+    got = 0
+    used = 0
+    for c in counts_desc:
+        take = min((c // tp) * tp, n - got)
+        take = (take // tp) * tp
+        if take <= 0:
+            if c < tp:
+                break  # descending: no later peer holds a whole tp group either
+            continue
+        got += take
+        used += 1
+        if got == n:
+            return used
+    return 0
+
+
 class FrenzyPolicy:
     """Frenzy HAS (see module docstring for the algorithm, invariants and complexity)."""
 
@@ -97,23 +124,42 @@ class FrenzyPolicy:
     round_s: float | None = None
 
     def __init__(self) -> None:
-        self._ranked: dict[tuple[str, float], tuple[tuple[float, Plan], ...]] = {}
-        self._fastest: dict[str, float] = {}
+        # Rankings and fastest step times depend only on a job's plan set: keyed by the identity of
+        # its ``plans`` tuple (the entry keeps the tuple alive, so the id cannot be reused), jobs of
+        # one shape (the simulator shares one tuple per model, sequence and batch) share the work.
+        self._ranked: dict[tuple[int, float], tuple[tuple[Plan, ...], tuple[tuple[float, Plan], ...]]] = {}
+        self._fastest: dict[int, tuple[tuple[Plan, ...], float]] = {}
+        self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
         self._totals: tuple[Cluster, dict[str, int]] | None = None
+        # (job, start, plan) -> (its GPUs, step time there): a placement's speed does not change.
+        self._placed: dict[tuple[str, float, Plan], tuple[tuple[Gpu, ...], float]] = {}
 
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
-        key = (job.job_id, gamma)
-        ranked = self._ranked.get(key)
-        if ranked is None:
-            ranked = tuple(
-                sorted(
-                    ((p.step_time_s * p.gpus**gamma, p) for p in job.plans),
-                    key=lambda cp: (cp[0], cp[1].gpu_type, cp[1].gpus, cp[1].tp, cp[1].pp, cp[1].zero),
+        plans = job.plans
+        key = (id(plans), gamma)
+        entry = self._ranked.get(key)
+        if entry is not None and entry[0] is plans:
+            return entry[1]
+        scale = self._pow.get(gamma)
+        if scale is None:
+            scale = self._pow[gamma] = [n**gamma for n in range(257)]
+        # Decorated sort (no key function): cost, then type and GPU count (unique per plan: the
+        # plans are at most one per type and count), then the index.
+        order = sorted(
+            [
+                (
+                    p.step_time_s * (scale[p.gpus] if p.gpus < 257 else p.gpus**gamma),
+                    p.gpu_type,
+                    p.gpus,
+                    i,
                 )
-            )
-            if len(self._ranked) > 100_000:
-                self._ranked.clear()
-            self._ranked[key] = ranked
+                for i, p in enumerate(plans)
+            ]
+        )
+        ranked = tuple((o[0], plans[o[3]]) for o in order)
+        if len(self._ranked) > 100_000:
+            self._ranked.clear()
+        self._ranked[key] = (plans, ranked)
         return ranked
 
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
@@ -124,13 +170,27 @@ class FrenzyPolicy:
         return 1
 
     def _remaining_s(self, job: JobView) -> float:
-        fastest = self._fastest.get(job.job_id)
-        if fastest is None:
-            fastest = min((p.step_time_s for p in job.plans), default=float("inf"))
-            if len(self._fastest) > 100_000:
-                self._fastest.clear()
-            self._fastest[job.job_id] = fastest
+        plans = job.plans
+        entry = self._fastest.get(id(plans))
+        if entry is not None and entry[0] is plans:
+            return job.remaining_steps * entry[1]
+        fastest = min((p.step_time_s for p in plans), default=float("inf"))
+        if len(self._fastest) > 100_000:
+            self._fastest.clear()
+        self._fastest[id(plans)] = (plans, fastest)
         return job.remaining_steps * fastest
+
+    def _placed_step_s(self, run: RunningJob, speeds: dict[str, float]) -> float:
+        """A running job's step time on its current GPUs (speed model), cached per placement."""
+        key = (run.job.job_id, run.started_s, run.plan)
+        entry = self._placed.get(key)
+        if entry is not None and entry[0] == run.gpus:
+            return entry[1]
+        step = run.job.speed.step_time_s(run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus}))
+        if len(self._placed) > 100_000:
+            self._placed.clear()
+        self._placed[key] = (run.gpus, step)
+        return step
 
     def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
         del rng
@@ -146,8 +206,17 @@ class FrenzyPolicy:
         free: dict[str, dict[str, list[Gpu]]] = {}
         free_n: dict[str, int] = {}
         for g in snapshot.free:
-            free.setdefault(g.gpu_type, {}).setdefault(g.peer, []).append(g)
-            free_n[g.gpu_type] = free_n.get(g.gpu_type, 0) + 1
+            t = g.gpu_type
+            by_peer = free.get(t)
+            if by_peer is None:
+                by_peer = free[t] = {}
+                free_n[t] = 0
+            on_peer = by_peer.get(g.peer)
+            if on_peer is None:
+                by_peer[g.peer] = [g]
+            else:
+                on_peer.append(g)
+            free_n[t] += 1
         if not snapshot.queued:
             return Decision(placements=tuple(self._grow(snapshot, free, free_n, speeds)))
         now = snapshot.now_s
@@ -158,7 +227,9 @@ class FrenzyPolicy:
         wanted: set[str] = set()
 
         shrink_tries = SHRINK_TRIES
+        donor_order: dict[str, list[tuple[float, RunningJob]]] = {}  # shrink donors per type (cache)
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
+        peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
         order = sorted(
             snapshot.queued,
             key=lambda j: (self._remaining_s(j) - AGING * (now - j.arrival_s), j.arrival_s, j.job_id),
@@ -176,8 +247,9 @@ class FrenzyPolicy:
             ranked = self._ranking(job, gamma)
             candidates: list[tuple[float, Plan, list[Gpu] | None]] = []
             best = float("inf")
+            reach = 1.0 + MEMORY_SLACK
             for packed_cost, plan in ranked:
-                if packed_cost > best * (1.0 + MEMORY_SLACK):
+                if packed_cost > best * reach:
                     break  # the packed cost is a lower bound of the real one
                 t = plan.gpu_type
                 if t in reserved or free_n.get(t, 0) < plan.gpus:
@@ -189,12 +261,15 @@ class FrenzyPolicy:
                     candidates.append((packed_cost, plan, None))
                     best = min(best, packed_cost)
                     continue
-                picked = pick_packed(free[t], plan.gpus, plan.tp)
-                if picked is None:
+                per_peer = peer_counts.get(t)
+                if per_peer is None:
+                    per_peer = peer_counts[t] = sorted((len(gs) for gs in free[t].values()), reverse=True)
+                peers = _peers_needed(per_peer, plan.gpus, plan.tp)
+                if peers == 0:
                     continue
-                step = job.speed.step_time_s(plan, speeds[t], len({g.peer for g in picked}))
+                step = job.speed.step_time_s(plan, speeds[t], peers)
                 cost = step * plan.gpus**gamma
-                candidates.append((cost, plan, picked))
+                candidates.append((cost, plan, None))
                 best = min(best, cost)
             if candidates:
                 _, choice, maybe = min(
@@ -205,6 +280,7 @@ class FrenzyPolicy:
                 if gpus is None:  # cannot happen: one peer had room; keep the invariant explicit
                     continue
                 max_free.pop(choice.gpu_type, None)
+                peer_counts.pop(choice.gpu_type, None)
                 for g in gpus:
                     free[choice.gpu_type][g.peer].remove(g)
                 free_n[choice.gpu_type] -= len(gpus)
@@ -217,6 +293,7 @@ class FrenzyPolicy:
                     job,
                     ranked,
                     runs_on=runs_on,
+                    donor_order=donor_order,
                     moved=moved,
                     free=free,
                     free_n=free_n,
@@ -227,6 +304,7 @@ class FrenzyPolicy:
                 if pair is not None:
                     stopped, places = pair
                     max_free.clear()
+                    peer_counts.clear()
                     if stopped is not None:
                         preemptions.append(stopped)
                     placements.extend(places)
@@ -250,6 +328,7 @@ class FrenzyPolicy:
         ranked: tuple[tuple[float, Plan], ...],
         *,
         runs_on: dict[str, list[RunningJob]],
+        donor_order: dict[str, list[tuple[float, RunningJob]]],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
@@ -275,19 +354,28 @@ class FrenzyPolicy:
             mine = job.remaining_steps * plan.step_time_s
             need = plan.gpus - free_n.get(t, 0)
             best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-            for r in runs_on.get(t, ()):
-                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+            donors = donor_order.get(t)
+            if donors is None:
+                # Once per type per round: the runs that may give GPUs, most time left first (stable:
+                # ties keep the snapshot's order), each costed once with the speed model.
+                donors = donor_order[t] = sorted(
+                    (
+                        (r.job.remaining_steps * self._placed_step_s(r, speeds), r)
+                        for r in runs_on.get(t, ())
+                        if now - r.started_s >= SHRINK_MIN_RUN_S
+                    ),
+                    key=lambda lr: -lr[0],
+                )
+            for left, r in donors:
+                if r.job.job_id in moved:
                     continue
                 have = len(r.gpus)
                 if have < need:
                     continue
-                left = r.job.remaining_steps * r.job.speed.step_time_s(
-                    r.plan, speeds[t], len({g.peer for g in r.gpus})
-                )
                 # A job grown past its own preferred size gives the extra GPUs back to anyone.
                 floor = self._preferred_gpus(r.job, t)
                 grown = have > floor
-                if (left < SHRINK_RATIO * mine and not grown) or (best is not None and left <= best[0]):
+                if left < SHRINK_RATIO * mine and not grown:
                     continue
                 own: dict[str, list[Gpu]] = {}
                 for g in r.gpus:
@@ -306,6 +394,7 @@ class FrenzyPolicy:
                         break
                 if option is not None:
                     best = option
+                    break  # most time left first: the first donor with an option is the best one
             if best is None:
                 continue
             _, r, donor_plan, kept = best
@@ -348,52 +437,74 @@ class FrenzyPolicy:
         moves: list[tuple[float, str, Plan, list[Gpu]]] = []
         if not any(n > 0 for n in free_n.values()):
             return []
-        # The GROW_TRIES running jobs with the most work left (the ones a move helps most): O(R).
+        # The GROW_TRIES running jobs with the most work left (the ones a move helps most), by the
+        # packed estimate (plain arithmetic, O(R)); the speed model re-costs only those few.
         lefts = []
         for run in snapshot.running:
-            if run.job.job_id in skip:  # already shrunk this round: its old GPUs are not its own any more
+            job = run.job
+            if job.job_id in skip:  # shrunk this round: its old GPUs are not its own any more
                 continue
-            left = run.job.remaining_steps * run.job.speed.step_time_s(
-                run.plan, speeds[run.plan.gpu_type], len({g.peer for g in run.gpus})
-            )
-            if left > run.job.restart_cost_s * 2:
-                lefts.append((left, run.job.job_id, run))
+            left = job.remaining_steps * self._placed_step_s(run, speeds)
+            if left > job.speed.restart_cost_s * 2:
+                lefts.append((left, job.job_id, run))
         for now_left, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
             job = run.job
             if not any(n > 0 for n in free_n.values()):
                 break
-            best: tuple[float, Plan, list[Gpu]] | None = None
+            restart = job.restart_cost_s
+            target = now_left * (1.0 - GROW_MIN_GAIN)
+            # Per type: free GPUs per peer, descending (the job's own GPUs count as free on its type).
+            counts: dict[str, list[int]] = {}
+            best: tuple[float, Plan] | None = None
             for _, plan in self._ranking(job, GAMMA_ALONE):
                 t = plan.gpu_type
                 own = t == run.plan.gpu_type
                 avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
                 if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
                     continue
-                bound = job.restart_cost_s + job.remaining_steps * plan.step_time_s  # packed: a lower bound
-                if bound >= now_left * (1.0 - GROW_MIN_GAIN) or (best is not None and bound >= best[0]):
+                bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
+                if bound >= target or (best is not None and bound >= best[0]):
                     continue
+                per_peer = counts.get(t)
+                if per_peer is None:
+                    by_peer = {peer: len(gs) for peer, gs in free.get(t, {}).items()}
+                    if own:
+                        for g in run.gpus:
+                            by_peer[g.peer] = by_peer.get(g.peer, 0) + 1
+                    per_peer = counts[t] = sorted(by_peer.values(), reverse=True)
+                # As pick_packed: one peer when one holds the plan (tp groups then fit), else fullest first.
+                peers = (
+                    1
+                    if per_peer and per_peer[0] >= plan.gpus
+                    else _peers_needed(per_peer, plan.gpus, plan.tp)
+                )
+                if peers == 0:
+                    continue
+                left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
+                if left < target and (best is None or left < best[0]):
+                    best = (left, plan)
+            picked: tuple[float, Plan, list[Gpu]] | None = None
+            if best is not None:
+                t = best[1].gpu_type
                 pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
-                if own:
+                if t == run.plan.gpu_type:
                     for g in run.gpus:
                         pool.setdefault(g.peer, []).append(g)
-                gpus = pick_packed(pool, plan.gpus, plan.tp)
-                if gpus is None:
-                    continue
-                left = job.restart_cost_s + job.remaining_steps * job.speed.step_time_s(
-                    plan, speeds[t], len({g.peer for g in gpus})
-                )
-                if left < now_left * (1.0 - GROW_MIN_GAIN) and (best is None or left < best[0]):
-                    best = (left, plan, gpus)
-            if best is not None:
-                moves.append((now_left - best[0], job.job_id, best[1], best[2]))
-                t = best[1].gpu_type
+                chosen = pick_packed(pool, best[1].gpus, best[1].tp)
+                if chosen is not None:  # always: the counts above said so
+                    picked = (best[0], best[1], chosen)
+            best3 = picked
+            if best3 is not None:
+                moves.append((now_left - best3[0], job.job_id, best3[1], best3[2]))
+                t = best3[1].gpu_type
                 mine = set(run.gpus)
-                for g in best[2]:
+                taken = set(best3[2])
+                for g in best3[2]:
                     if g not in mine:
                         free[t][g.peer].remove(g)
                         free_n[t] -= 1
                 for g in run.gpus:
-                    if g not in set(best[2]):
+                    if g not in taken:
                         free.setdefault(g.gpu_type, {}).setdefault(g.peer, []).append(g)
                         free_n[g.gpu_type] = free_n.get(g.gpu_type, 0) + 1
         # In discovery order: a move may use GPUs an earlier move gave up.
