@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,20 +146,28 @@ class RoleBase:
     _store_done: dict[str, asyncio.Event]
     _cancelling: set[str]
 
-    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         """Run ``coro`` in the orchestrator's TaskGroup (strong reference kept, errors logged)."""
         if self._tg is None:
+            coro.close()
             raise FrenzyError("the orchestrator is not running")
-        task = self._tg.create_task(_guard(coro, name), name=name)
+        try:
+            task = self._tg.create_task(_guard(coro, name), name=name)
+        except RuntimeError as exc:  # the TaskGroup is shutting down
+            coro.close()
+            raise FrenzyError(f"cannot start {name}: the orchestrator is stopping") from exc
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A task cancelled before its first step (the daemon stopping) never awaits ``coro``;
+        # closing it then is a no-op for a finished coroutine and avoids "never awaited".
+        task.add_done_callback(lambda _t: coro.close())
 
     def wake(self) -> None:
         """Re-run the scheduling pass soon (a peer report or election change arrived)."""
         self._wake.set()
 
 
-async def _guard(coro: Awaitable[Any], name: str) -> None:
+async def _guard(coro: Coroutine[Any, Any, Any], name: str) -> None:
     try:
         await coro
     except FrenzyError as exc:
