@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -39,6 +40,27 @@ GPT2: dict[str, Any] = {
     "attn_pdrop": 0.0,
 }
 GPT2_DROPOUT: dict[str, Any] = {**GPT2, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+
+# The architecture of LLAMA_GQA as a ModelSpec; tests add hf_config where they need it.
+TINY_LLAMA_SPEC = ModelSpec(
+    name="x",
+    family="llama",
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    ffn=176,
+    vocab=512,
+    max_positions=256,
+    tied_embeddings=False,
+    gated_mlp=True,
+    qkv_bias=False,
+    mlp_bias=False,
+    o_bias=False,
+    norm="rmsnorm",
+    learned_positions=False,
+)
 
 
 def _accuracy(pred: int, real: int) -> float:
@@ -106,26 +128,7 @@ def test_more_tokens_need_more_memory() -> None:
 
 
 def test_predict_trace_accepts_a_model_spec() -> None:
-    spec = ModelSpec(
-        name="tiny-llama",
-        family="llama",
-        hidden=64,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        ffn=176,
-        vocab=512,
-        max_positions=256,
-        tied_embeddings=False,
-        gated_mlp=True,
-        qkv_bias=False,
-        mlp_bias=False,
-        o_bias=False,
-        norm="rmsnorm",
-        learned_positions=False,
-        hf_config=dict(LLAMA_GQA),
-    )
+    spec = replace(TINY_LLAMA_SPEC, name="tiny-llama", hf_config=dict(LLAMA_GQA))
     p = predict_trace(spec, TrainingSetup(seq_len=64, micro_batch=1, dtype="bf16"))
     assert p.method == "trace"
     assert p.model == "tiny-llama"
@@ -195,25 +198,7 @@ def test_errors_are_frenzy_errors(
 
 
 def test_empty_model_spec_config_says_what_to_do() -> None:
-    spec = ModelSpec(
-        name="x",
-        family="llama",
-        hidden=64,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        ffn=176,
-        vocab=512,
-        max_positions=256,
-        tied_embeddings=False,
-        gated_mlp=True,
-        qkv_bias=False,
-        mlp_bias=False,
-        o_bias=False,
-        norm="rmsnorm",
-        learned_positions=False,
-    )
+    spec = TINY_LLAMA_SPEC  # no hf_config: built by hand, not by load_model
     with pytest.raises(ModelConfigError, match="load_model"):
         measure_real(spec, TrainingSetup(seq_len=8, micro_batch=1))
 
