@@ -233,7 +233,9 @@ def sweep_snapshot(cluster: Cluster, queue: int, source: Any, trace: Any, seed: 
                     del pool[: p.gpus]
                     busy += p.gpus
                     st = _State(job=j, remaining=j.total_steps / 2, requested=j.requested_gpus)
-                    running.append(RunningJob(st.view(), p, gs, j.arrival_s))
+                    speed = cluster.type_spec(p.gpu_type).speed
+                    step = j.speed.step_time_s(p, speed, len({g.peer for g in gs}))  # as the simulator
+                    running.append(RunningJob(st.view(), p, gs, j.arrival_s, step_time_s=step))
                     placed = True
                     break
         if not placed:

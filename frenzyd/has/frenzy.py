@@ -181,7 +181,9 @@ class FrenzyPolicy:
         return job.remaining_steps * fastest
 
     def _placed_step_s(self, run: RunningJob, speeds: dict[str, float]) -> float:
-        """A running job's step time on its current GPUs (speed model), cached per placement."""
+        """A running job's step time on its current GPUs: the pool's figure, else the speed model (cached)."""
+        if run.step_time_s is not None:
+            return run.step_time_s
         key = (run.job.job_id, run.started_s, run.plan)
         entry = self._placed.get(key)
         if entry is not None and entry[0] == run.gpus:

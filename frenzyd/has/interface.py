@@ -100,12 +100,19 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job that holds GPUs now."""
+    """A job that holds GPUs now.
+
+    ``step_time_s``: seconds per optimizer step on these GPUs as the pool
+    knows it (the simulator: its speed model for this placement; a daemon: the
+    measured step time), or None when unknown (policies then use
+    ``job.speed.step_time_s(plan, gpu_speed, peers)``).
+    """
 
     job: JobView
     plan: Plan
     gpus: tuple[Gpu, ...]
     started_s: float
+    step_time_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,7 +259,9 @@ def simulate(
             free=tuple(sorted(free)),
             queued=tuple(states[j].view() for j in queue),
             running=tuple(
-                RunningJob(job=st.view(), plan=st.plan, gpus=st.gpus, started_s=st.placed_s)
+                RunningJob(
+                    job=st.view(), plan=st.plan, gpus=st.gpus, started_s=st.placed_s, step_time_s=st.step_s
+                )
                 for st in sorted(running.values(), key=lambda s: s.job.job_id)
                 if st.plan is not None
             ),
