@@ -129,6 +129,8 @@ class FrenzyPolicy:
         # one shape (the simulator shares one tuple per model, sequence and batch) share the work.
         self._ranked: dict[tuple[int, float], tuple[tuple[Plan, ...], tuple[tuple[float, Plan], ...]]] = {}
         self._fastest: dict[int, tuple[tuple[Plan, ...], float]] = {}
+        self._least: dict[int, tuple[tuple[Plan, ...], tuple[tuple[str, int], ...]]] = {}
+        self._fast_first: dict[int, tuple[tuple[Plan, ...], tuple[Plan, ...]]] = {}
         self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
         self._totals: tuple[Cluster, dict[str, int]] | None = None
         # (job, start, plan) -> (its GPUs, step time there): a placement's speed does not change.
@@ -162,12 +164,49 @@ class FrenzyPolicy:
         self._ranked[key] = (plans, ranked)
         return ranked
 
+    def _smallest(self, job: JobView) -> tuple[tuple[str, int], ...]:
+        """(type, fewest GPUs of any plan of that type) for each type the job has plans on; cached."""
+        plans = job.plans
+        entry = self._least.get(id(plans))
+        if entry is not None and entry[0] is plans:
+            return entry[1]
+        least: dict[str, int] = {}
+        for p in plans:
+            if p.gpus < least.get(p.gpu_type, 1 << 30):
+                least[p.gpu_type] = p.gpus
+        out = tuple(sorted(least.items()))
+        if len(self._least) > 100_000:
+            self._least.clear()
+        self._least[id(plans)] = (plans, out)
+        return out
+
+    def _by_step(self, job: JobView) -> tuple[Plan, ...]:
+        """The job's plans by packed step time, fastest first (ties: type, GPU count); cached per plan set."""
+        plans = job.plans
+        entry = self._fast_first.get(id(plans))
+        if entry is not None and entry[0] is plans:
+            return entry[1]
+        order = tuple(p for _, _, _, p in sorted((p.step_time_s, p.gpu_type, p.gpus, p) for p in plans))
+        if len(self._fast_first) > 100_000:
+            self._fast_first.clear()
+        self._fast_first[id(plans)] = (plans, order)
+        return order
+
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
         """GPU count of the job's cheapest plan of ``gpu_type`` while others wait (its un-grown size)."""
         for _, plan in self._ranking(job, GAMMA):
             if plan.gpu_type == gpu_type:
                 return plan.gpus
         return 1
+
+    def _type_totals(self, cluster: Cluster) -> dict[str, int]:
+        """GPUs per type in the (static) cluster: counted once per cluster object, when first needed."""
+        if self._totals is None or self._totals[0] is not cluster:
+            counts: dict[str, int] = {}
+            for g in cluster.gpus:
+                counts[g.gpu_type] = counts.get(g.gpu_type, 0) + 1
+            self._totals = (cluster, counts)
+        return self._totals[1]
 
     def _remaining_s(self, job: JobView) -> float:
         plans = job.plans
@@ -199,12 +238,6 @@ class FrenzyPolicy:
         cluster = snapshot.cluster
         memory = {t.name: t.memory_bytes for t in cluster.types}
         speeds = {t.name: t.speed for t in cluster.types}
-        if self._totals is None or self._totals[0] is not cluster:  # the cluster is static: count once
-            counts: dict[str, int] = {}
-            for g in cluster.gpus:
-                counts[g.gpu_type] = counts.get(g.gpu_type, 0) + 1
-            self._totals = (cluster, counts)
-        total = self._totals[1]
         free: dict[str, dict[str, list[Gpu]]] = {}
         free_n: dict[str, int] = {}
         for g in snapshot.free:
@@ -219,17 +252,19 @@ class FrenzyPolicy:
             else:
                 on_peer.append(g)
             free_n[t] += 1
+        # Each running job's time left where it runs, once per round (the one O(R) pass).
+        lefts = [(r.job.remaining_steps * self._placed_step_s(r, speeds), r) for r in snapshot.running]
         if not snapshot.queued:
-            return Decision(placements=tuple(self._grow(snapshot, free, free_n, speeds)))
+            return Decision(placements=tuple(self._grow(lefts, free, free_n, speeds)))
         now = snapshot.now_s
-        runs_on: dict[str, list[RunningJob]] = {}
-        for r in snapshot.running:
-            runs_on.setdefault(r.plan.gpu_type, []).append(r)
+        runs_on: dict[str, list[tuple[float, RunningJob]]] = {}
+        for lr in lefts:
+            runs_on.setdefault(lr[1].plan.gpu_type, []).append(lr)
         moved: set[str] = set()
         wanted: set[str] = set()
 
         shrink_tries = SHRINK_TRIES
-        donor_order: dict[str, list[tuple[float, RunningJob]]] = {}  # shrink donors per type (cache)
+        donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]] = {}  # shrink donors (cache)
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
         peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
         order = sorted(
@@ -246,11 +281,14 @@ class FrenzyPolicy:
             if shrink_tries <= 0 and not any(n > 0 for t, n in free_n.items() if t not in reserved):
                 break
             gamma = GAMMA if left > 0 else GAMMA_ALONE
-            ranked = self._ranking(job, gamma)
+            smallest = self._smallest(job)
             candidates: list[tuple[float, Plan, list[Gpu] | None]] = []
             best = float("inf")
             reach = 1.0 + MEMORY_SLACK
-            for packed_cost, plan in ranked:
+            # O(types) test first: a job none of whose smallest plans per type has the GPUs free is
+            # blocked without scanning (or, cold, even ranking) its plans.
+            fits = any(free_n.get(t, 0) >= n and t not in reserved for t, n in smallest)
+            for packed_cost, plan in self._ranking(job, gamma) if fits else ():
                 if packed_cost > best * reach:
                     break  # the packed cost is a lower bound of the real one
                 t = plan.gpu_type
@@ -293,7 +331,7 @@ class FrenzyPolicy:
                 shrink_tries -= 1
                 pair = self._shrink_for(
                     job,
-                    ranked,
+                    self._ranking(job, gamma),
                     runs_on=runs_on,
                     donor_order=donor_order,
                     moved=moved,
@@ -313,15 +351,16 @@ class FrenzyPolicy:
                     placed_queued += 1
                     continue
             if len(wanted) < len(free_n):  # types a waiting job could use: not for growing
-                wanted.update(p.gpu_type for p in job.plans)
+                wanted.update(t for t, _ in smallest)
             if i == 0 and now - job.arrival_s > STARVATION_S:
-                for _, plan in ranked:
+                total = self._type_totals(cluster)
+                for _, plan in self._ranking(job, gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):
                         reserved.add(plan.gpu_type)
                         break
         if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
             idle = {t: n for t, n in free_n.items() if t not in wanted and t not in reserved}
-            placements.extend(self._grow(snapshot, free, idle, speeds, skip=moved))
+            placements.extend(self._grow(lefts, free, idle, speeds, skip=moved))
         return Decision(placements=tuple(placements), preemptions=tuple(preemptions))
 
     def _shrink_for(
@@ -329,8 +368,8 @@ class FrenzyPolicy:
         job: JobView,
         ranked: tuple[tuple[float, Plan], ...],
         *,
-        runs_on: dict[str, list[RunningJob]],
-        donor_order: dict[str, list[tuple[float, RunningJob]]],
+        runs_on: dict[str, list[tuple[float, RunningJob]]],
+        donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
@@ -356,24 +395,25 @@ class FrenzyPolicy:
             mine = job.remaining_steps * plan.step_time_s
             need = plan.gpus - free_n.get(t, 0)
             best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-            donors = donor_order.get(t)
-            if donors is None:
-                # Once per type per round: the runs that may give GPUs, most time left first (stable:
-                # ties keep the snapshot's order), each costed once with the speed model.
-                donors = donor_order[t] = sorted(
-                    (
-                        (r.job.remaining_steps * self._placed_step_s(r, speeds), r)
-                        for r in runs_on.get(t, ())
-                        if now - r.started_s >= SHRINK_MIN_RUN_S
-                    ),
-                    key=lambda lr: -lr[0],
-                )
-            for left, r in donors:
+            buckets = donor_order.get(t)
+            if buckets is None:
+                # Once per type per round: the runs that may give GPUs, bucketed by their GPU count and
+                # most time left first inside a bucket (ties: snapshot order), each costed once.
+                buckets = donor_order[t] = {}
+                for k, (r_left, r) in enumerate(runs_on.get(t, ())):
+                    if now - r.started_s >= SHRINK_MIN_RUN_S:
+                        buckets.setdefault(len(r.gpus), []).append((-r_left, k, r))
+                for bucket in buckets.values():
+                    bucket.sort(key=lambda d: (d[0], d[1]))
+            # Only donors holding at least ``need`` GPUs can help: merge those buckets, in the same
+            # most-time-left-first order as one sorted list (O(visited · log sizes), not O(R)).
+            usable = [b for have_n, b in buckets.items() if have_n >= need]
+            donors = usable[0] if len(usable) == 1 else heapq.merge(*usable, key=lambda d: (d[0], d[1]))
+            for neg_left, _, r in donors:
+                left = -neg_left
                 if r.job.job_id in moved:
                     continue
                 have = len(r.gpus)
-                if have < need:
-                    continue
                 # A job grown past its own preferred size gives the extra GPUs back to anyone.
                 floor = self._preferred_gpus(r.job, t)
                 grown = have > floor
@@ -423,7 +463,7 @@ class FrenzyPolicy:
 
     def _grow(
         self,
-        snapshot: Snapshot,
+        lefts: list[tuple[float, RunningJob]],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
         speeds: dict[str, float],
@@ -441,15 +481,13 @@ class FrenzyPolicy:
             return []
         # The GROW_TRIES running jobs with the most work left (the ones a move helps most), by the
         # packed estimate (plain arithmetic, O(R)); the speed model re-costs only those few.
-        lefts = []
-        for run in snapshot.running:
-            job = run.job
-            if job.job_id in skip:  # shrunk this round: its old GPUs are not its own any more
-                continue
-            left = job.remaining_steps * self._placed_step_s(run, speeds)
-            if left > job.speed.restart_cost_s * 2:
-                lefts.append((left, job.job_id, run))
-        for now_left, _, run in heapq.nlargest(GROW_TRIES, lefts, key=lambda x: (x[0], x[1])):
+        # (Shrunk this round: a job's old GPUs are not its own any more.)
+        movable = [
+            (left, run.job.job_id, run)
+            for left, run in lefts
+            if left > run.job.speed.restart_cost_s * 2 and run.job.job_id not in skip
+        ]
+        for now_left, _, run in heapq.nlargest(GROW_TRIES, movable, key=lambda x: (x[0], x[1])):
             job = run.job
             if not any(n > 0 for n in free_n.values()):
                 break
@@ -458,14 +496,14 @@ class FrenzyPolicy:
             # Per type: free GPUs per peer, descending (the job's own GPUs count as free on its type).
             counts: dict[str, list[int]] = {}
             best: tuple[float, Plan] | None = None
-            for _, plan in self._ranking(job, GAMMA_ALONE):
+            for plan in self._by_step(job):
+                bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
+                if bound >= target or (best is not None and bound >= best[0]):
+                    break  # plans come fastest first: no later one can do better
                 t = plan.gpu_type
                 own = t == run.plan.gpu_type
                 avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
                 if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
-                    continue
-                bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
-                if bound >= target or (best is not None and bound >= best[0]):
                     continue
                 per_peer = counts.get(t)
                 if per_peer is None:

@@ -14,7 +14,7 @@ import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.speed import JobSpeed
@@ -22,12 +22,17 @@ from frenzyd.sim.speed import JobSpeed
 Reason = Literal["arrival", "completion", "failure", "round"]
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Gpu:
-    """One concrete GPU: ``index`` is its local index on ``peer``."""
+class Gpu(NamedTuple):
+    """One concrete GPU: ``index`` is its local index on ``peer``.
+
+    A named tuple, not a dataclass: policies and the simulator hash, compare
+    and sort GPUs in their inner loops, and tuple's C-level ``__hash__``,
+    ``__eq__`` and ordering (by peer, index, type) cost a fraction of
+    generated Python methods.
+    """
 
     peer: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which nothing here calls
     gpu_type: str
 
 
