@@ -63,6 +63,8 @@ from frenzyd.has.interface import (
     Placement,
     RunningJob,
     Snapshot,
+    pick_fullest,
+    pick_one_peer,
     pick_packed,
 )
 from frenzyd.marp.spec import Plan
@@ -117,6 +119,102 @@ def _peers_needed(counts_desc: list[int], n: int, tp: int) -> int:
     return 0
 
 
+class _Shape:
+    """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
+
+    __slots__ = ("_by_step", "_groups", "_preferred", "_ranked", "fastest", "plans")
+
+    def __init__(self, plans: tuple[Plan, ...]) -> None:
+        self.plans = plans
+        self.fastest = min((p.step_time_s for p in plans), default=float("inf"))  # packed step time
+        self._groups: tuple[tuple[str, int, tuple[Plan, ...]], ...] | None = None
+        self._ranked: dict[float, tuple[tuple[float, Plan], ...]] = {}
+        self._by_step: tuple[Plan, ...] | None = None
+        self._preferred: dict[str, int] | None = None
+
+    @property
+    def groups(self) -> tuple[tuple[str, int, tuple[Plan, ...]], ...]:
+        """Per type, by name: (type, fewest GPUs of any of its plans, its plans).
+
+        One linear pass on first use (a fresh policy object pays O(K) per plan
+        set it looks at, no sort).
+        """
+        if self._groups is None:
+            by_type: dict[str, list[Plan]] = {}
+            for p in self.plans:
+                same = by_type.get(p.gpu_type)
+                if same is None:
+                    by_type[p.gpu_type] = [p]
+                else:
+                    same.append(p)
+            self._groups = tuple(
+                (t, min(p.gpus for p in by_type[t]), tuple(by_type[t])) for t in sorted(by_type)
+            )
+        return self._groups
+
+    @property
+    def smallest(self) -> tuple[tuple[str, int], ...]:
+        """(type, fewest GPUs of any plan of that type), by type name."""
+        return tuple((t, n) for t, n, _ in self.groups)
+
+    def ranking(self, gamma: float) -> tuple[tuple[float, Plan], ...]:
+        """Every (cost, plan), ``cost = step_time × gpus^gamma`` (packed), cheapest first.
+
+        Ties: type, then GPU count.
+        """
+        ranked = self._ranked.get(gamma)
+        if ranked is None:
+            ranked = self._ranked[gamma] = tuple((c, p) for c, _, _, p in sorted(_costed(self.plans, gamma)))
+        return ranked
+
+    def cheapest(self, gamma: float, k: int) -> tuple[tuple[float, Plan], ...]:
+        """The first ``k`` of :meth:`ranking` (O(K), no full sort)."""
+        ranked = self._ranked.get(gamma)
+        if ranked is not None:
+            return ranked[:k]
+        return tuple((c, p) for c, _, _, p in heapq.nsmallest(k, _costed(self.plans, gamma)))
+
+    def by_step(self) -> tuple[Plan, ...]:
+        """The plans by packed step time, fastest first (ties: type, GPU count)."""
+        if self._by_step is None:
+            self._by_step = tuple(
+                p for _, _, _, p in sorted((p.step_time_s, p.gpu_type, p.gpus, p) for p in self.plans)
+            )
+        return self._by_step
+
+    def preferred(self) -> dict[str, int]:
+        """Per type, the GPU count of the cheapest plan while others wait (a job's un-grown size)."""
+        if self._preferred is None:
+            scale = _powers(GAMMA)
+            self._preferred = {
+                t: min(of_type, key=lambda p: (p.step_time_s * _pow(scale, p.gpus, GAMMA), p.gpus)).gpus
+                for t, _, of_type in self.groups
+            }
+        return self._preferred
+
+
+def _pow(scale: list[float], n: int, gamma: float) -> float:
+    return scale[n] if n < 257 else float(n**gamma)
+
+
+def _costed(plans: tuple[Plan, ...], gamma: float) -> list[tuple[float, str, int, Plan]]:
+    """(packed cost, type, GPU count, plan) per plan: sortable, the plan never compared (type and count
+    are unique per plan)."""
+    scale = _powers(gamma)
+    return [(p.step_time_s * _pow(scale, p.gpus, gamma), p.gpu_type, p.gpus, p) for p in plans]
+
+
+_POWERS: dict[float, list[float]] = {}
+
+
+def _powers(gamma: float) -> list[float]:
+    """``n**gamma`` for n < 257 (GPU counts), per gamma."""
+    table = _POWERS.get(gamma)
+    if table is None:
+        table = _POWERS[gamma] = [n**gamma for n in range(257)]
+    return table
+
+
 class FrenzyPolicy:
     """Frenzy HAS (see module docstring for the algorithm, invariants and complexity)."""
 
@@ -124,80 +222,30 @@ class FrenzyPolicy:
     round_s: float | None = None
 
     def __init__(self) -> None:
-        # Rankings and fastest step times depend only on a job's plan set: keyed by the identity of
-        # its ``plans`` tuple (the entry keeps the tuple alive, so the id cannot be reused), jobs of
-        # one shape (the simulator shares one tuple per model, sequence and batch) share the work.
-        self._ranked: dict[tuple[int, float], tuple[tuple[Plan, ...], tuple[tuple[float, Plan], ...]]] = {}
-        self._fastest: dict[int, tuple[tuple[Plan, ...], float]] = {}
-        self._least: dict[int, tuple[tuple[Plan, ...], tuple[tuple[str, int], ...]]] = {}
-        self._fast_first: dict[int, tuple[tuple[Plan, ...], tuple[Plan, ...]]] = {}
-        self._pow: dict[float, list[float]] = {}  # n**gamma for small GPU counts, per gamma
+        # What depends only on a job's plan set, keyed by the identity of its ``plans`` tuple (the
+        # entry keeps the tuple alive, so the id cannot be reused): jobs of one shape (the simulator
+        # shares one tuple per model, sequence and batch) share the work, one lookup per job.
+        self._shapes: dict[int, _Shape] = {}
         self._totals: tuple[Cluster, dict[str, int]] | None = None
         # (job, start, plan) -> (its GPUs, step time there): a placement's speed does not change.
         self._placed: dict[tuple[str, float, Plan], tuple[tuple[Gpu, ...], float]] = {}
 
+    def _shape(self, job: JobView) -> _Shape:
+        plans = job.plans
+        shape = self._shapes.get(id(plans))
+        if shape is not None and shape.plans is plans:
+            return shape
+        if len(self._shapes) > 100_000:
+            self._shapes.clear()
+        shape = self._shapes[id(plans)] = _Shape(plans)
+        return shape
+
     def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
-        plans = job.plans
-        key = (id(plans), gamma)
-        entry = self._ranked.get(key)
-        if entry is not None and entry[0] is plans:
-            return entry[1]
-        scale = self._pow.get(gamma)
-        if scale is None:
-            scale = self._pow[gamma] = [n**gamma for n in range(257)]
-        # Decorated sort (no key function): cost, then type and GPU count (unique per plan: the
-        # plans are at most one per type and count), then the index.
-        order = sorted(
-            [
-                (
-                    p.step_time_s * (scale[p.gpus] if p.gpus < 257 else p.gpus**gamma),
-                    p.gpu_type,
-                    p.gpus,
-                    i,
-                )
-                for i, p in enumerate(plans)
-            ]
-        )
-        ranked = tuple((o[0], plans[o[3]]) for o in order)
-        if len(self._ranked) > 100_000:
-            self._ranked.clear()
-        self._ranked[key] = (plans, ranked)
-        return ranked
-
-    def _smallest(self, job: JobView) -> tuple[tuple[str, int], ...]:
-        """(type, fewest GPUs of any plan of that type) for each type the job has plans on; cached."""
-        plans = job.plans
-        entry = self._least.get(id(plans))
-        if entry is not None and entry[0] is plans:
-            return entry[1]
-        least: dict[str, int] = {}
-        for p in plans:
-            if p.gpus < least.get(p.gpu_type, 1 << 30):
-                least[p.gpu_type] = p.gpus
-        out = tuple(sorted(least.items()))
-        if len(self._least) > 100_000:
-            self._least.clear()
-        self._least[id(plans)] = (plans, out)
-        return out
-
-    def _by_step(self, job: JobView) -> tuple[Plan, ...]:
-        """The job's plans by packed step time, fastest first (ties: type, GPU count); cached per plan set."""
-        plans = job.plans
-        entry = self._fast_first.get(id(plans))
-        if entry is not None and entry[0] is plans:
-            return entry[1]
-        order = tuple(p for _, _, _, p in sorted((p.step_time_s, p.gpu_type, p.gpus, p) for p in plans))
-        if len(self._fast_first) > 100_000:
-            self._fast_first.clear()
-        self._fast_first[id(plans)] = (plans, order)
-        return order
+        return self._shape(job).ranking(gamma)
 
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
         """GPU count of the job's cheapest plan of ``gpu_type`` while others wait (its un-grown size)."""
-        for _, plan in self._ranking(job, GAMMA):
-            if plan.gpu_type == gpu_type:
-                return plan.gpus
-        return 1
+        return self._shape(job).preferred().get(gpu_type, 1)
 
     def _type_totals(self, cluster: Cluster) -> dict[str, int]:
         """GPUs per type in the (static) cluster: counted once per cluster object, when first needed."""
@@ -207,17 +255,6 @@ class FrenzyPolicy:
                 counts[g.gpu_type] = counts.get(g.gpu_type, 0) + 1
             self._totals = (cluster, counts)
         return self._totals[1]
-
-    def _remaining_s(self, job: JobView) -> float:
-        plans = job.plans
-        entry = self._fastest.get(id(plans))
-        if entry is not None and entry[0] is plans:
-            return job.remaining_steps * entry[1]
-        fastest = min((p.step_time_s for p in plans), default=float("inf"))
-        if len(self._fastest) > 100_000:
-            self._fastest.clear()
-        self._fastest[id(plans)] = (plans, fastest)
-        return job.remaining_steps * fastest
 
     def _placed_step_s(self, run: RunningJob, speeds: dict[str, float]) -> float:
         """A running job's step time on its current GPUs: the pool's figure, else the speed model (cached)."""
@@ -253,13 +290,16 @@ class FrenzyPolicy:
                 on_peer.append(g)
             free_n[t] += 1
         # Each running job's time left where it runs, once per round (the one O(R) pass).
-        lefts = [(r.job.remaining_steps * self._placed_step_s(r, speeds), r) for r in snapshot.running]
+        lefts = [
+            (r.job.remaining_steps * self._placed_step_s(r, speeds), r.job.job_id, r)
+            for r in snapshot.running
+        ]
         if not snapshot.queued:
             return Decision(placements=tuple(self._grow(lefts, free, free_n, speeds)))
         now = snapshot.now_s
-        runs_on: dict[str, list[tuple[float, RunningJob]]] = {}
+        runs_on: dict[str, list[tuple[float, str, RunningJob]]] = {}
         for lr in lefts:
-            runs_on.setdefault(lr[1].plan.gpu_type, []).append(lr)
+            runs_on.setdefault(lr[2].plan.gpu_type, []).append(lr)
         moved: set[str] = set()
         wanted: set[str] = set()
 
@@ -267,9 +307,14 @@ class FrenzyPolicy:
         donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]] = {}  # shrink donors (cache)
         max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
         peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
+        shapes = {j.job_id: self._shape(j) for j in snapshot.queued}
         order = sorted(
             snapshot.queued,
-            key=lambda j: (self._remaining_s(j) - AGING * (now - j.arrival_s), j.arrival_s, j.job_id),
+            key=lambda j: (
+                j.remaining_steps * shapes[j.job_id].fastest - AGING * (now - j.arrival_s),
+                j.arrival_s,
+                j.job_id,
+            ),
         )
         reserved: set[str] = set()
         placements: list[Placement] = []
@@ -281,43 +326,59 @@ class FrenzyPolicy:
             if shrink_tries <= 0 and not any(n > 0 for t, n in free_n.items() if t not in reserved):
                 break
             gamma = GAMMA if left > 0 else GAMMA_ALONE
-            smallest = self._smallest(job)
-            candidates: list[tuple[float, Plan, list[Gpu] | None]] = []
+            shape = shapes[job.job_id]
+            # Per type with GPUs free: its cheapest plan where it would really run.  One linear pass
+            # over the type's plans; the packed cost bounds the real one from below, so the speed
+            # model re-costs (over several peers) only a plan that could still win.
+            per_type: list[tuple[float, int, Plan]] = []
             best = float("inf")
-            reach = 1.0 + MEMORY_SLACK
-            # O(types) test first: a job none of whose smallest plans per type has the GPUs free is
-            # blocked without scanning (or, cold, even ranking) its plans.
-            fits = any(free_n.get(t, 0) >= n and t not in reserved for t, n in smallest)
-            for packed_cost, plan in self._ranking(job, gamma) if fits else ():
-                if packed_cost > best * reach:
-                    break  # the packed cost is a lower bound of the real one
-                t = plan.gpu_type
-                if t in reserved or free_n.get(t, 0) < plan.gpus:
+            scale = _powers(gamma)
+            for t, least, of_type in shape.groups:
+                n_free = free_n.get(t, 0)
+                if n_free < least or t in reserved:
                     continue
                 biggest = max_free.get(t)
                 if biggest is None:
                     biggest = max_free[t] = max((len(gs) for gs in free[t].values()), default=0)
-                if plan.gpus <= biggest:  # fits on one peer: the packed cost is exact, pick GPUs later
-                    candidates.append((packed_cost, plan, None))
-                    best = min(best, packed_cost)
-                    continue
-                per_peer = peer_counts.get(t)
-                if per_peer is None:
-                    per_peer = peer_counts[t] = sorted((len(gs) for gs in free[t].values()), reverse=True)
-                peers = _peers_needed(per_peer, plan.gpus, plan.tp)
-                if peers == 0:
-                    continue
-                step = job.speed.step_time_s(plan, speeds[t], peers)
-                cost = step * plan.gpus**gamma
-                candidates.append((cost, plan, None))
-                best = min(best, cost)
-            if candidates:
-                _, choice, maybe = min(
-                    (c for c in candidates if c[0] <= best * (1.0 + MEMORY_SLACK)),
-                    key=lambda c: (memory[c[1].gpu_type], c[0], c[1].gpu_type, c[1].gpus),
+                best_c = float("inf")
+                best_n = 0
+                best_p: Plan | None = None
+                for plan in of_type:
+                    n = plan.gpus
+                    if n > n_free:
+                        continue
+                    cost = plan.step_time_s * (scale[n] if n < 257 else n**gamma)
+                    if cost > best_c or (cost == best_c and n > best_n):
+                        continue  # cannot win: the real cost is at least the packed one
+                    if n > biggest:  # not on one peer: the real cost, over the peers it would span
+                        per_peer = peer_counts.get(t)
+                        if per_peer is None:
+                            per_peer = peer_counts[t] = sorted(
+                                (len(gs) for gs in free[t].values()), reverse=True
+                            )
+                        peers = _peers_needed(per_peer, n, plan.tp)
+                        if peers == 0:
+                            continue
+                        cost = job.speed.step_time_s(plan, speeds[t], peers) * n**gamma
+                        if cost > best_c or (cost == best_c and n > best_n):
+                            continue
+                    best_c, best_n, best_p = cost, n, plan
+                if best_p is not None:
+                    per_type.append((best_c, best_n, best_p))
+                    best = min(best, best_c)
+            if per_type:
+                # Among the types within MEMORY_SLACK of the best cost, the smallest-memory one.
+                _, _, choice = min(
+                    (c for c in per_type if c[0] <= best * (1.0 + MEMORY_SLACK)),
+                    key=lambda c: (memory[c[2].gpu_type], c[0], c[2].gpu_type, c[1]),
                 )
-                gpus = maybe or pick_packed(free[choice.gpu_type], choice.gpus, choice.tp)
-                if gpus is None:  # cannot happen: one peer had room; keep the invariant explicit
+                on_type = free[choice.gpu_type]
+                gpus = (
+                    pick_one_peer(on_type, choice.gpus)
+                    if choice.gpus <= max_free[choice.gpu_type]
+                    else pick_fullest(on_type, choice.gpus, choice.tp)
+                )
+                if gpus is None:  # cannot happen: the peer counts said so; keep the invariant explicit
                     continue
                 max_free.pop(choice.gpu_type, None)
                 peer_counts.pop(choice.gpu_type, None)
@@ -331,7 +392,7 @@ class FrenzyPolicy:
                 shrink_tries -= 1
                 pair = self._shrink_for(
                     job,
-                    self._ranking(job, gamma),
+                    shape.cheapest(gamma, SHRINK_PLANS),
                     runs_on=runs_on,
                     donor_order=donor_order,
                     moved=moved,
@@ -351,7 +412,7 @@ class FrenzyPolicy:
                     placed_queued += 1
                     continue
             if len(wanted) < len(free_n):  # types a waiting job could use: not for growing
-                wanted.update(t for t, _ in smallest)
+                wanted.update(t for t, _ in shape.smallest)
             if i == 0 and now - job.arrival_s > STARVATION_S:
                 total = self._type_totals(cluster)
                 for _, plan in self._ranking(job, gamma):
@@ -368,7 +429,7 @@ class FrenzyPolicy:
         job: JobView,
         ranked: tuple[tuple[float, Plan], ...],
         *,
-        runs_on: dict[str, list[tuple[float, RunningJob]]],
+        runs_on: dict[str, list[tuple[float, str, RunningJob]]],
         donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
@@ -388,7 +449,7 @@ class FrenzyPolicy:
         :data:`SHRINK_RATIO` times ``job``'s remaining time left, or grown past
         their preferred size (they then shrink, at most back to that size).  O(K·R).
         """
-        for _, plan in ranked[:SHRINK_PLANS]:
+        for _, plan in ranked:
             t = plan.gpu_type
             if t in reserved:
                 continue
@@ -400,7 +461,7 @@ class FrenzyPolicy:
                 # Once per type per round: the runs that may give GPUs, bucketed by their GPU count and
                 # most time left first inside a bucket (ties: snapshot order), each costed once.
                 buckets = donor_order[t] = {}
-                for k, (r_left, r) in enumerate(runs_on.get(t, ())):
+                for k, (r_left, _, r) in enumerate(runs_on.get(t, ())):
                     if now - r.started_s >= SHRINK_MIN_RUN_S:
                         buckets.setdefault(len(r.gpus), []).append((-r_left, k, r))
                 for bucket in buckets.values():
@@ -463,7 +524,7 @@ class FrenzyPolicy:
 
     def _grow(
         self,
-        lefts: list[tuple[float, RunningJob]],
+        lefts: list[tuple[float, str, RunningJob]],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
         speeds: dict[str, float],
@@ -479,15 +540,17 @@ class FrenzyPolicy:
         moves: list[tuple[float, str, Plan, list[Gpu]]] = []
         if not any(n > 0 for n in free_n.values()):
             return []
-        # The GROW_TRIES running jobs with the most work left (the ones a move helps most), by the
-        # packed estimate (plain arithmetic, O(R)); the speed model re-costs only those few.
-        # (Shrunk this round: a job's old GPUs are not its own any more.)
-        movable = [
-            (left, run.job.job_id, run)
-            for left, run in lefts
-            if left > run.job.speed.restart_cost_s * 2 and run.job.job_id not in skip
-        ]
-        for now_left, _, run in heapq.nlargest(GROW_TRIES, movable, key=lambda x: (x[0], x[1])):
+        # The GROW_TRIES running jobs with the most work left (the ones a move helps most; ties: job id).
+        # (Shrunk this round: a job's old GPUs are not its own any more.)  The top of all jobs is the
+        # top of the movable ones when every one of them is movable (the usual case: the jobs with
+        # most work left are far from their last restart cost); else filter all and take it again.
+        top = heapq.nlargest(GROW_TRIES, lefts)
+        if any(left <= run.job.restart_cost_s * 2 or jid in skip for left, jid, run in top):
+            top = heapq.nlargest(
+                GROW_TRIES,
+                [lr for lr in lefts if lr[0] > lr[2].job.restart_cost_s * 2 and lr[1] not in skip],
+            )
+        for now_left, _, run in top:
             job = run.job
             if not any(n > 0 for n in free_n.values()):
                 break
@@ -495,34 +558,39 @@ class FrenzyPolicy:
             target = now_left * (1.0 - GROW_MIN_GAIN)
             # Per type: free GPUs per peer, descending (the job's own GPUs count as free on its type).
             counts: dict[str, list[int]] = {}
-            best: tuple[float, Plan] | None = None
-            for plan in self._by_step(job):
-                bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
-                if bound >= target or (best is not None and bound >= best[0]):
-                    break  # plans come fastest first: no later one can do better
-                t = plan.gpu_type
+            # The plan that ends the job soonest (ties: faster packed step, type, GPU count), over the
+            # types it could use now; the packed bound skips the speed model for plans that cannot win.
+            best_key: tuple[float, float, str, int] | None = None
+            best_plan: Plan | None = None
+            have = len(run.gpus)
+            for t, least, of_type in self._shape(job).groups:
                 own = t == run.plan.gpu_type
-                avail = free_n.get(t, 0) + (len(run.gpus) if own else 0)
-                if plan.gpus > avail or (own and plan.gpus <= len(run.gpus)):
+                avail = free_n.get(t, 0) + (have if own else 0)
+                if least > avail or (own and avail <= have):
                     continue
-                per_peer = counts.get(t)
-                if per_peer is None:
-                    by_peer = {peer: len(gs) for peer, gs in free.get(t, {}).items()}
-                    if own:
-                        for g in run.gpus:
-                            by_peer[g.peer] = by_peer.get(g.peer, 0) + 1
-                    per_peer = counts[t] = sorted(by_peer.values(), reverse=True)
-                # As pick_packed: one peer when one holds the plan (tp groups then fit), else fullest first.
-                peers = (
-                    1
-                    if per_peer and per_peer[0] >= plan.gpus
-                    else _peers_needed(per_peer, plan.gpus, plan.tp)
-                )
-                if peers == 0:
-                    continue
-                left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
-                if left < target and (best is None or left < best[0]):
-                    best = (left, plan)
+                for plan in of_type:
+                    n = plan.gpus
+                    if n > avail or (own and n <= have):
+                        continue
+                    bound = restart + job.remaining_steps * plan.step_time_s  # packed: a lower bound
+                    if bound >= target or (best_key is not None and bound > best_key[0]):
+                        continue
+                    per_peer = counts.get(t)
+                    if per_peer is None:
+                        by_peer = {peer: len(gs) for peer, gs in free.get(t, {}).items()}
+                        if own:
+                            for g in run.gpus:
+                                by_peer[g.peer] = by_peer.get(g.peer, 0) + 1
+                        per_peer = counts[t] = sorted(by_peer.values(), reverse=True)
+                    # As pick_packed: one peer when one holds it (tp groups then fit), else fullest first.
+                    peers = 1 if per_peer and per_peer[0] >= n else _peers_needed(per_peer, n, plan.tp)
+                    if peers == 0:
+                        continue
+                    left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
+                    key = (left, plan.step_time_s, t, n)
+                    if left < target and (best_key is None or key < best_key):
+                        best_key, best_plan = key, plan
+            best = None if best_key is None or best_plan is None else (best_key[0], best_plan)
             picked: tuple[float, Plan, list[Gpu]] | None = None
             if best is not None:
                 t = best[1].gpu_type

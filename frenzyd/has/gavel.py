@@ -54,9 +54,7 @@ def rigid_plan(job: JobView, gpu_type: str, capacity: int) -> Plan | None:
     return up if up is not None else down
 
 
-def max_min_allocation(
-    thr: np.ndarray, scale: np.ndarray, cap: np.ndarray
-) -> np.ndarray:
+def max_min_allocation(thr: np.ndarray, scale: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """Gavel's max-min fairness LP (+ water-filling) for throughputs ``thr`` [M×J] (0 = not allowed).
 
     Returns X [M×J].  ``scale`` [M×J] GPUs per (job, type), ``cap`` [J] GPUs per type.
@@ -189,11 +187,11 @@ class GavelPolicy:
                 and run.plan == plan
                 and all(g in free.get(t, {}).get(g.peer, []) for g in run.gpus)
             ):
-                    for g in run.gpus:
-                        free[t][g.peer].remove(g)
-                    granted.add(i)
-                    keep.add(jid)
-                    continue
+                for g in run.gpus:
+                    free[t][g.peer].remove(g)
+                granted.add(i)
+                keep.add(jid)
+                continue
             gpus = pick_packed(free.get(t, {}), plan.gpus, plan.tp)
             if gpus is None:
                 continue

@@ -10,7 +10,6 @@ randomness comes from the seeded ``random.Random`` passed in.
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -194,21 +193,30 @@ def pick_packed(free_by_peer: dict[str, list[Gpu]], n: int, tp: int = 1) -> list
 
     Best fit: one peer that holds all ``n`` with the fewest spare GPUs; else the
     fullest peers first.  Returns None when the GPUs (in whole tp groups) are
-    not there.  Deterministic: ties broken by peer name.  O(P log n) for P peers.
+    not there.  Deterministic: ties broken by peer name.  O(P log P) for P peers.
     """
-    best: tuple[int, str] | None = None
+    return pick_one_peer(free_by_peer, n) or pick_fullest(free_by_peer, n, tp)
+
+
+def pick_one_peer(free_by_peer: dict[str, list[Gpu]], n: int) -> list[Gpu] | None:
+    """``n`` GPUs of the one peer holding them with the fewest spare (ties: peer name); None if none does."""
+    best_peer: str | None = None
+    best_len = 0
     for peer, gs in free_by_peer.items():
-        if len(gs) >= n and (best is None or (len(gs), peer) < best):
-            best = (len(gs), peer)
-    if best is not None:
-        return sorted(free_by_peer[best[1]])[:n]
+        k = len(gs)
+        if k >= n and (best_peer is None or k < best_len or (k == best_len and peer < best_peer)):
+            best_peer, best_len = peer, k
+    if best_peer is None or n <= 0:
+        return None
+    return sorted(free_by_peer[best_peer])[:n]
+
+
+def pick_fullest(free_by_peer: dict[str, list[Gpu]], n: int, tp: int = 1) -> list[Gpu] | None:
+    """``n`` GPUs from the fullest peers first (ties: peer name), whole tp groups per peer; None if short."""
     chosen: list[Gpu] = []
-    # At most n peers are needed: the n fullest (O(P log n), not a full sort).
-    fullest = heapq.nsmallest(n, ((-len(gs), p) for p, gs in free_by_peer.items() if len(gs) >= tp))
-    for _, peer in fullest:
+    for _, peer in sorted([(-len(gs), p) for p, gs in free_by_peer.items() if len(gs) >= tp]):
         gs = sorted(free_by_peer[peer])
-        usable = (len(gs) // tp) * tp
-        take = min(usable, n - len(chosen))
+        take = min((len(gs) // tp) * tp, n - len(chosen))
         take = (take // tp) * tp
         chosen.extend(gs[:take])
         if len(chosen) == n:

@@ -215,9 +215,14 @@ class SiaPolicy:
         for i, job in enumerate(jobs):
             run = running.get(job.job_id)
             pick = chosen.get(i)
-            if run is not None and pick is not None and (pick[1].gpu_type, pick[1].gpus) == (
-                run.plan.gpu_type,
-                run.plan.gpus,
+            if (
+                run is not None
+                and pick is not None
+                and (pick[1].gpu_type, pick[1].gpus)
+                == (
+                    run.plan.gpu_type,
+                    run.plan.gpus,
+                )
             ):
                 keep.add(job.job_id)
                 continue
