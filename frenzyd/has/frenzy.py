@@ -52,8 +52,10 @@ usable donor); no solver.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
+from collections.abc import Iterable
 
 from frenzyd.has.interface import (
     Cluster,
@@ -63,8 +65,6 @@ from frenzyd.has.interface import (
     Placement,
     RunningJob,
     Snapshot,
-    pick_fullest,
-    pick_one_peer,
     pick_packed,
 )
 from frenzyd.marp.spec import Plan
@@ -93,11 +93,9 @@ SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
 SHRINK_MIN_RUN_S = 120.0
 """A donor must have run this long since its last (re)start: no thrashing."""
-"""A running job moves onto idle GPUs only if that finishes it at least 20 % sooner (restart included)."""
-"""Queue time after which the head job gets its GPU type reserved."""
 
 
-def _peers_needed(counts_desc: list[int], n: int, tp: int) -> int:
+def _peers_needed(counts_desc: Iterable[int], n: int, tp: int) -> int:
     """Peers :func:`pick_packed` spans for ``n`` GPUs over several peers (fullest first); 0: impossible.
 
     ``counts_desc``: free GPUs per peer of one type, descending.  The same
@@ -119,10 +117,61 @@ def _peers_needed(counts_desc: list[int], n: int, tp: int) -> int:
     return 0
 
 
+def _fullest_first(by_peer: dict[str, list[Gpu]]) -> list[tuple[int, str]]:
+    """(-free GPUs, peer) for every peer with a free GPU of one type: fullest first, ties by name."""
+    return sorted([(-len(gs), p) for p, gs in by_peer.items() if gs])
+
+
+def _neg_count(entry: tuple[int, str]) -> int:
+    return entry[0]
+
+
+def _pick_ordered(
+    by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], n: int, tp: int
+) -> list[Gpu] | None:
+    """:func:`pick_packed`'s choice, using the type's peers kept fullest first (no scan of every peer).
+
+    Best fit: among the peers holding ``n`` (a prefix of ``fullest``) the one
+    with fewest free GPUs, ties by name; else fullest peers first.
+    """
+    if fullest and -fullest[0][0] >= n:
+        last = bisect.bisect_right(fullest, -n, key=_neg_count) - 1  # the last peer that holds n
+        first = bisect.bisect_left(fullest, fullest[last][0], key=_neg_count)  # its count's first name
+        return sorted(by_peer[fullest[first][1]])[:n]
+    chosen: list[Gpu] = []
+    for neg, peer in fullest:
+        if -neg < tp:
+            break  # fullest first: no later peer holds a whole tp group
+        gs = sorted(by_peer[peer])
+        take = min((len(gs) // tp) * tp, n - len(chosen))
+        take = (take // tp) * tp
+        chosen.extend(gs[:take])
+        if len(chosen) == n:
+            return chosen
+    return None
+
+
+def _take(by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], gpus: list[Gpu]) -> None:
+    """Remove ``gpus`` from a type's free GPUs, keeping ``fullest`` sorted (a peer left empty is dropped)."""
+    per: dict[str, list[Gpu]] = {}
+    for g in gpus:
+        per.setdefault(g.peer, []).append(g)
+    for peer, mine in per.items():
+        gs = by_peer[peer]
+        k = len(gs)
+        del fullest[bisect.bisect_left(fullest, (-k, peer))]
+        if len(mine) == k:
+            del by_peer[peer]
+            continue
+        for g in mine:
+            gs.remove(g)
+        bisect.insort(fullest, (len(mine) - k, peer))
+
+
 class _Shape:
     """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
 
-    __slots__ = ("_by_step", "_groups", "_preferred", "_ranked", "fastest", "plans")
+    __slots__ = ("_by_step", "_desc", "_groups", "_preferred", "_ranked", "fastest", "plans")
 
     def __init__(self, plans: tuple[Plan, ...]) -> None:
         self.plans = plans
@@ -131,6 +180,7 @@ class _Shape:
         self._ranked: dict[float, tuple[tuple[float, Plan], ...]] = {}
         self._by_step: tuple[Plan, ...] | None = None
         self._preferred: dict[str, int] | None = None
+        self._desc: dict[str, tuple[Plan, ...]] = {}
 
     @property
     def groups(self) -> tuple[tuple[str, int, tuple[Plan, ...]], ...]:
@@ -156,6 +206,14 @@ class _Shape:
     def smallest(self) -> tuple[tuple[str, int], ...]:
         """(type, fewest GPUs of any plan of that type), by type name."""
         return tuple((t, n) for t, n, _ in self.groups)
+
+    def most_gpus_first(self, gpu_type: str) -> tuple[Plan, ...]:
+        """The plans of ``gpu_type``, most GPUs first (at most one per count)."""
+        desc = self._desc.get(gpu_type)
+        if desc is None:
+            of_type = next((g for t, _, g in self.groups if t == gpu_type), ())
+            desc = self._desc[gpu_type] = tuple(sorted(of_type, key=lambda p: -p.gpus))
+        return desc
 
     def ranking(self, gamma: float) -> tuple[tuple[float, Plan], ...]:
         """Every (cost, plan), ``cost = step_time × gpus^gamma`` (packed), cheapest first.
@@ -289,24 +347,32 @@ class FrenzyPolicy:
             else:
                 on_peer.append(g)
             free_n[t] += 1
-        # Each running job's time left where it runs, once per round (the one O(R) pass).
-        lefts = [
-            (r.job.remaining_steps * self._placed_step_s(r, speeds), r.job.job_id, r)
-            for r in snapshot.running
-        ]
+        # The one O(R) pass: each running job's time left where it runs, and the shrink donors per
+        # type and GPU count as (-time left, snapshot index, job), sorted on first use.
+        lefts: list[tuple[float, str, RunningJob]] = []
+        runs_on: dict[str, dict[int, list[tuple[float, int, RunningJob]]]] = {}
+        for k, r in enumerate(snapshot.running):
+            step = r.step_time_s
+            r_left = r.job.remaining_steps * (step if step is not None else self._placed_step_s(r, speeds))
+            lefts.append((r_left, r.job.job_id, r))
+            by_size = runs_on.get(r.plan.gpu_type)
+            if by_size is None:
+                by_size = runs_on[r.plan.gpu_type] = {}
+            bucket = by_size.get(len(r.gpus))
+            if bucket is None:
+                by_size[len(r.gpus)] = [(-r_left, k, r)]
+            else:
+                bucket.append((-r_left, k, r))
         if not snapshot.queued:
             return Decision(placements=tuple(self._grow(lefts, free, free_n, speeds)))
         now = snapshot.now_s
-        runs_on: dict[str, list[tuple[float, str, RunningJob]]] = {}
-        for lr in lefts:
-            runs_on.setdefault(lr[2].plan.gpu_type, []).append(lr)
         moved: set[str] = set()
         wanted: set[str] = set()
 
         shrink_tries = SHRINK_TRIES
-        donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]] = {}  # shrink donors (cache)
-        max_free: dict[str, int] = {}  # most free GPUs on one peer, per type (cache, dropped on change)
-        peer_counts: dict[str, list[int]] = {}  # free GPUs per peer, descending, per type (same)
+        donors_sorted: set[str] = set()  # types whose donor buckets are sorted this round
+        # Per type: its peers fullest first (built on first use, kept sorted as GPUs are taken).
+        fullest_of: dict[str, list[tuple[int, str]]] = {}
         shapes = {j.job_id: self._shape(j) for j in snapshot.queued}
         order = sorted(
             snapshot.queued,
@@ -337,9 +403,10 @@ class FrenzyPolicy:
                 n_free = free_n.get(t, 0)
                 if n_free < least or t in reserved:
                     continue
-                biggest = max_free.get(t)
-                if biggest is None:
-                    biggest = max_free[t] = max((len(gs) for gs in free[t].values()), default=0)
+                fullest = fullest_of.get(t)
+                if fullest is None:
+                    fullest = fullest_of[t] = _fullest_first(free[t])
+                biggest = -fullest[0][0] if fullest else 0
                 best_c = float("inf")
                 best_n = 0
                 best_p: Plan | None = None
@@ -351,12 +418,7 @@ class FrenzyPolicy:
                     if cost > best_c or (cost == best_c and n > best_n):
                         continue  # cannot win: the real cost is at least the packed one
                     if n > biggest:  # not on one peer: the real cost, over the peers it would span
-                        per_peer = peer_counts.get(t)
-                        if per_peer is None:
-                            per_peer = peer_counts[t] = sorted(
-                                (len(gs) for gs in free[t].values()), reverse=True
-                            )
-                        peers = _peers_needed(per_peer, n, plan.tp)
+                        peers = _peers_needed((-neg for neg, _ in fullest), n, plan.tp)
                         if peers == 0:
                             continue
                         cost = job.speed.step_time_s(plan, speeds[t], peers) * n**gamma
@@ -372,19 +434,12 @@ class FrenzyPolicy:
                     (c for c in per_type if c[0] <= best * (1.0 + MEMORY_SLACK)),
                     key=lambda c: (memory[c[2].gpu_type], c[0], c[2].gpu_type, c[1]),
                 )
-                on_type = free[choice.gpu_type]
-                gpus = (
-                    pick_one_peer(on_type, choice.gpus)
-                    if choice.gpus <= max_free[choice.gpu_type]
-                    else pick_fullest(on_type, choice.gpus, choice.tp)
-                )
+                t = choice.gpu_type
+                gpus = _pick_ordered(free[t], fullest_of[t], choice.gpus, choice.tp)
                 if gpus is None:  # cannot happen: the peer counts said so; keep the invariant explicit
                     continue
-                max_free.pop(choice.gpu_type, None)
-                peer_counts.pop(choice.gpu_type, None)
-                for g in gpus:
-                    free[choice.gpu_type][g.peer].remove(g)
-                free_n[choice.gpu_type] -= len(gpus)
+                _take(free[t], fullest_of[t], gpus)
+                free_n[t] -= len(gpus)
                 placements.append(Placement(job.job_id, choice, tuple(gpus)))
                 placed_queued += 1
                 continue
@@ -394,7 +449,7 @@ class FrenzyPolicy:
                     job,
                     shape.cheapest(gamma, SHRINK_PLANS),
                     runs_on=runs_on,
-                    donor_order=donor_order,
+                    donors_sorted=donors_sorted,
                     moved=moved,
                     free=free,
                     free_n=free_n,
@@ -404,8 +459,7 @@ class FrenzyPolicy:
                 )
                 if pair is not None:
                     stopped, places = pair
-                    max_free.clear()
-                    peer_counts.clear()
+                    fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
                     if stopped is not None:
                         preemptions.append(stopped)
                     placements.extend(places)
@@ -429,8 +483,8 @@ class FrenzyPolicy:
         job: JobView,
         ranked: tuple[tuple[float, Plan], ...],
         *,
-        runs_on: dict[str, list[tuple[float, str, RunningJob]]],
-        donor_order: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
+        runs_on: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
+        donors_sorted: set[str],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
@@ -456,41 +510,38 @@ class FrenzyPolicy:
             mine = job.remaining_steps * plan.step_time_s
             need = plan.gpus - free_n.get(t, 0)
             best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-            buckets = donor_order.get(t)
-            if buckets is None:
-                # Once per type per round: the runs that may give GPUs, bucketed by their GPU count and
-                # most time left first inside a bucket (ties: snapshot order), each costed once.
-                buckets = donor_order[t] = {}
-                for k, (r_left, _, r) in enumerate(runs_on.get(t, ())):
-                    if now - r.started_s >= SHRINK_MIN_RUN_S:
-                        buckets.setdefault(len(r.gpus), []).append((-r_left, k, r))
+            buckets = runs_on.get(t, {})
+            if t not in donors_sorted:
+                # Once per type per round: most time left first inside a bucket (ties: snapshot order;
+                # the index is unique, so the job itself is never compared).
+                donors_sorted.add(t)
                 for bucket in buckets.values():
-                    bucket.sort(key=lambda d: (d[0], d[1]))
+                    bucket.sort()
             # Only donors holding at least ``need`` GPUs can help: merge those buckets, in the same
             # most-time-left-first order as one sorted list (O(visited · log sizes), not O(R)).
             usable = [b for have_n, b in buckets.items() if have_n >= need]
-            donors = usable[0] if len(usable) == 1 else heapq.merge(*usable, key=lambda d: (d[0], d[1]))
+            donors = usable[0] if len(usable) == 1 else heapq.merge(*usable)
             for neg_left, _, r in donors:
                 left = -neg_left
-                if r.job.job_id in moved:
+                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
                     continue
                 have = len(r.gpus)
+                rich = left >= SHRINK_RATIO * mine
                 # A job grown past its own preferred size gives the extra GPUs back to anyone.
-                floor = self._preferred_gpus(r.job, t)
-                grown = have > floor
-                if left < SHRINK_RATIO * mine and not grown:
+                floor = 0 if rich else self._preferred_gpus(r.job, t)
+                if not rich and have <= floor:
                     continue
                 own: dict[str, list[Gpu]] = {}
                 for g in r.gpus:
                     own.setdefault(g.peer, []).append(g)
                 option: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-                if left >= SHRINK_RATIO * mine:
+                if rich:
                     option = (left, r, None, [])
-                for smaller in sorted(r.job.plans, key=lambda q: -q.gpus):
-                    if smaller.gpu_type != t or smaller.gpus >= have or have - smaller.gpus < need:
+                for smaller in self._shape(r.job).most_gpus_first(t):
+                    if smaller.gpus >= have or have - smaller.gpus < need:
                         continue
-                    if left < SHRINK_RATIO * mine and smaller.gpus < floor:
-                        continue
+                    if not rich and smaller.gpus < floor:
+                        break  # fewer GPUs from here on
                     keep = pick_packed(own, smaller.gpus, smaller.tp)
                     if keep is not None:
                         option = (left, r, smaller, keep)
