@@ -46,6 +46,8 @@ from frenzyd.sim.trace import busy_window, parse_philly_csv  # noqa: E402
 DATA = ROOT / "frenzyd" / "sim" / "data"
 POLICIES = ("frenzy", "sia", "gavel", "fifo")
 BASELINES = ("sia", "gavel", "fifo")
+TUNING_SEED = 0
+"""The seed Frenzy's constants were tuned on; the others are held out."""
 SWEEP_TYPES = ("T4", "RTX-3090", "RTX-A6000", "A100-40GB", "A100-80GB")
 
 
@@ -104,7 +106,7 @@ def jct_grid(args: argparse.Namespace, source: Any) -> list[dict[str, Any]]:
                         for r in results
                     ]
                     common_ids = set.intersection(*(set(d) for d in done)) if done else set()
-                    common = {"jobs": len(common_ids)}
+                    common: dict[str, float] = {"jobs": len(common_ids)}
                     for r, d in zip(results, done, strict=True):
                         common[r.name] = statistics.fmean(d[k] for k in common_ids) if common_ids else 0.0
                     cell = {
@@ -159,6 +161,20 @@ def summarise_grid(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "best_baseline": best_c,
             "frenzy_gain_vs_best": 1.0 - common["frenzy"] / common[best_c] if common[best_c] else 0.0,
         }
+        # Frenzy's constants were tuned on seed 0 (TUNING_SEED): the same comparison on the other seeds.
+        held = [c for c in cs if c["seed"] != TUNING_SEED]
+        if held:
+            f_avg = statistics.fmean(c["policies"]["frenzy"]["avg_jct_s"] for c in held)
+            f_p99 = statistics.fmean(c["policies"]["frenzy"]["p99_jct_s"] for c in held)
+            base = {p: statistics.fmean(c["policies"][p]["avg_jct_s"] for c in held) for p in BASELINES}
+            best_h = min(BASELINES, key=lambda p: base[p])
+            row["held_out"] = {
+                "seeds": sorted(c["seed"] for c in held),
+                "best_baseline": best_h,
+                "frenzy_gain_vs_best": 1.0 - f_avg / base[best_h],
+                "frenzy_p99_vs_best": f_p99
+                / statistics.fmean(c["policies"][best_h]["p99_jct_s"] for c in held),
+            }
         rows.append(row)
     return rows
 
@@ -169,6 +185,7 @@ def print_grid(rows: list[dict[str, Any]]) -> None:
     for p in POLICIES:
         head += f"{p + ' avg':>12}{'x':>6}{'p99':>7}"
     head += f"{'best base':>10}{'gain':>7}{'p99 ratio':>10}{'fail f/s/g/fifo':>17}{'common gain':>12}"
+    head += f"{'held-out gain, p99':>20}"
     print(head)
     for r in rows:
         line = f"{r['cluster']:<11}{r['load']:>5g} {r['mapping']:<8}"
@@ -183,11 +200,15 @@ def print_grid(rows: list[dict[str, Any]]) -> None:
         line += f"{fails:>17}"
         cc = r["common_completed"]
         line += f"{cc['frenzy_gain_vs_best'] * 100:>7.1f}% {cc['best_baseline']}"
+        if "held_out" in r:
+            ho = r["held_out"]
+            line += f"{ho['frenzy_gain_vs_best'] * 100:>9.1f}% {ho['frenzy_p99_vs_best']:.2f}"
         print(line)
     print(
         "gain = 1 - frenzy avg JCT / best baseline avg JCT (seed means); p99 ratio = frenzy p99 / that "
         "baseline's p99;\ncommon gain = the same on the jobs every policy completed (FIFO fails jobs it "
-        "cannot fit, which shortens its own average)."
+        "cannot fit, which shortens its own average);\nheld-out = the same over the seeds Frenzy was not "
+        f"tuned on (all but seed {TUNING_SEED})."
     )
 
 
@@ -352,6 +373,75 @@ def print_sweep(rows: list[dict[str, Any]], grow: dict[str, dict[str, float]]) -
     )
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The README's tables from a result object (a miss of a target in italics)."""
+    out: list[str] = []
+    if "jct_summary" in result:
+        out += [
+            "| cluster | load | mapping | frenzy (×L) | sia (×L) | gavel (×L) | fifo (×L) "
+            "| p99 frenzy / sia / gavel / fifo | failed f/s/g/fifo | gain vs best baseline | p99 ratio "
+            "| gain on jobs all completed | held-out seeds: gain, p99 ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["jct_summary"]:
+            best_avg = min(r[p]["avg_jct_s"] for p in POLICIES)
+            cells = []
+            for p in POLICIES:
+                v = f"{r[p]['avg_jct_s'] / 3600:.2f}"
+                cells.append(
+                    (f"**{v}**" if r[p]["avg_jct_s"] == best_avg else v) + f" ({r[p]['x_limit']:.2f})"
+                )
+            p99 = " / ".join(f"{r[p]['p99_jct_s'] / 3600:.2f}" for p in POLICIES)
+            fails = "/".join(f"{r[p]['failed']:.0f}" for p in POLICIES)
+            gain = f"{r['frenzy_gain_vs_best'] * 100:.1f} % vs {r['best_baseline']}"
+            gain = gain if r["frenzy_gain_vs_best"] >= 0.18 else f"*{gain}*"
+            ratio = f"{r['frenzy_p99_vs_best']:.2f}"
+            ratio = ratio if r["frenzy_p99_vs_best"] <= 1.0 else f"*{ratio}*"
+            cc = r["common_completed"]
+            common = f"{cc['frenzy_gain_vs_best'] * 100:.1f} % vs {cc['best_baseline']}"
+            ho = r.get("held_out")
+            held = (
+                f"{ho['frenzy_gain_vs_best'] * 100:.1f} % vs {ho['best_baseline']}, "
+                f"{ho['frenzy_p99_vs_best']:.2f}"
+                if ho
+                else "–"
+            )
+            out.append(
+                f"| {r['cluster']} | {r['load']:g} | {r['mapping']} | "
+                + " | ".join(cells)
+                + f" | {p99} | {fails} | {gain} | {ratio} | {common} | {held} |"
+            )
+        out.append("")
+    if "overhead" in result:
+        out += [
+            "| GPUs | queued | running | frenzy | sia | gavel | fifo | sia / frenzy | frenzy warm "
+            "| sia / frenzy warm |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in result["overhead"]:
+            pol = r["policies"]
+            need = {64: 10, 1024: 100}.get(r["gpus"], 0)  # the issue's targets: 10x at 64 GPUs, 100x at 1,024
+            ratio = pol["sia"]["median_ms"] / max(pol["frenzy"]["median_ms"], 1e-9)
+            warm = pol["sia"]["warm_median_ms"] / max(pol["frenzy"]["warm_median_ms"], 1e-9)
+
+            def mark(x: float, need: int = need) -> str:
+                return f"{x:.0f}x" if x >= need else f"*{x:.0f}x*"
+
+            times = []
+            for p in POLICIES:
+                t = f"{pol[p]['median_ms']:.2f}"
+                if pol[p]["solver_timeouts"]:
+                    t += f" [{pol[p]['solver_timeouts']}]"
+                times.append(t)
+            out.append(
+                f"| {r['gpus']} | {r['queued']} | {r['running']} | "
+                + " | ".join(times)
+                + f" | {mark(ratio)} | {pol['frenzy']['warm_median_ms']:.2f} | {mark(warm)} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -362,16 +452,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--sia-time-limit", type=float, default=None, help="seconds per Sia solve (default 10; tiny 2)"
     )
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="seeds per grid cell (default 5; tiny 1); seed 0 was tuned on"
+    )
+    ap.add_argument("--markdown", type=Path, help="also write the README's two tables (markdown) here")
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.seeds, args.loads, args.mappings = 1, [1.0], ["gpus"]
+        args.seeds, args.loads, args.mappings = args.seeds or 1, [1.0], ["gpus"]
         args.jobs = args.jobs or 30
         args.pool_sizes, args.queue_sizes, args.reps = [16, 64], [10, 100], 1
         args.sia_time_limit = args.sia_time_limit or 2.0
     else:
-        args.seeds, args.loads, args.mappings = 3, [1.0, 2.0], ["gpus", "gputime"]
+        args.seeds, args.loads, args.mappings = args.seeds or 5, [1.0, 2.0], ["gpus", "gputime"]
         args.jobs = args.jobs or 160
         args.pool_sizes, args.queue_sizes, args.reps = [16, 64, 256, 1024, 4096], [10, 100, 1000], 3
         args.sia_time_limit = args.sia_time_limit or 10.0
@@ -410,6 +504,9 @@ def main(argv: list[str]) -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
         log(f"wrote {args.out}")
+    if args.markdown:
+        args.markdown.write_text(markdown(result))
+        log(f"wrote {args.markdown}")
     return 0
 
 
