@@ -7,22 +7,24 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    ``W`` its time in the queue and ``a`` = :data:`AGING` (a job that waits
    long enough comes first: no starvation by ordering).
 2. **Choose a plan** for each job in that order from MARP's feasible plans
-   only (so nothing is placed that does not fit in memory).  Plans are ranked
-   once per job (cached) by ``cost = step_time × gpus^γ``: a doubling of the
-   GPU count must buy a speed-up of at least ``2^γ`` (:data:`GAMMA` = 0.678:
-   1.6x, efficiency 80 %; :data:`GAMMA_ALONE` when no other job waits), so a
-   job never spreads thin while others queue.  The first plan (cheapest) whose
-   GPUs are free now wins (its cost re-evaluated with the speed model when
-   the free GPUs force it across peers: the peer count comes from the sorted
-   per-peer free counts, and GPUs are picked only for the winner), except that among plans within
-   :data:`MEMORY_SLACK` of the best cost the one on the **smallest-memory**
-   type is taken, so large-memory GPUs stay free for jobs only they can hold.
+   only (so nothing is placed that does not fit in memory).  A plan costs
+   ``step_time × gpus^γ``: a doubling of the GPU count must buy a speed-up
+   of at least ``2^γ`` (:data:`GAMMA` = 0.678: 1.6x, efficiency 80 %;
+   :data:`GAMMA_ALONE` when no other job waits), so a job never spreads thin
+   while others queue.  For every GPU type with enough GPUs free, the type's
+   cheapest plan where it would really run is found in one linear pass over
+   the type's plans (the packed cost, one peer, bounds the real one from
+   below, so the speed model re-costs a plan across the peers it would span
+   only when it could still win; the peer count comes from the type's peers
+   kept fullest first); among the types within :data:`MEMORY_SLACK` of the
+   best cost the **smallest-memory** one wins, so large-memory GPUs stay
+   free for jobs only they can hold.
 3. **Pack**: the GPUs come from one peer when one peer has them (best fit:
    the peer with the fewest free GPUs that suffices), else from the fullest
    peers, tensor-parallel groups never across peers.
 4. **Grow when idle**: GPUs still idle after the queue pass, of types no
    waiting job can use, let a running job (the :data:`GROW_TRIES` with most
-   work left; a placement's step time is cached) move to a bigger or faster
+   work left, by the step time the pool reports for it) move to a bigger or faster
    plan if that ends it at least :data:`GROW_MIN_GAIN` sooner, its restart
    cost included.
 5. **Shrink for short jobs**: a queued job that finds no free GPUs may take
@@ -43,11 +45,17 @@ its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
 remaining time, and only after :data:`SHRINK_MIN_RUN_S` since its last start.
-Cost per round: O(Q log Q + Q·K + G + R log R) for Q queued jobs, K plans per
-job (rankings cached per plan set: K log K once per distinct set; early exit
-when no GPU is free), G free GPUs and R running jobs (shrink donors sorted
-once per type and round; each of the S ≤ 4 shrink attempts stops at the first
-usable donor); no solver.
+Cost per round: O(Q log Q + Q·K + G + R log R + P log P) for Q queued jobs, K
+plans per job, G free GPUs, R running jobs and P peers: one pass over the
+running jobs (their time left; shrink donors bucketed by type and GPU
+count, a type's buckets sorted only when a shrink looks at it, merged
+lazily so a blocked job visits only donors big enough); per plan set
+(shared by every job of one model, sequence and batch) the fastest step
+and the plans grouped by type, computed once and kept on the policy
+object; each type's peers sorted fullest first once per round and kept
+sorted by bisection as GPUs are taken (best fit and fullest first read it);
+at most :data:`SHRINK_TRIES` shrink attempts and :data:`GROW_TRIES` growth
+candidates; no solver.
 """
 
 from __future__ import annotations
