@@ -74,6 +74,7 @@ from frenzyd.has.interface import (
     RunningJob,
     Snapshot,
     pick_packed,
+    take_in_order,
 )
 from frenzyd.marp.spec import Plan
 
@@ -146,17 +147,7 @@ def _pick_ordered(
         last = bisect.bisect_right(fullest, -n, key=_neg_count) - 1  # the last peer that holds n
         first = bisect.bisect_left(fullest, fullest[last][0], key=_neg_count)  # its count's first name
         return sorted(by_peer[fullest[first][1]])[:n]
-    chosen: list[Gpu] = []
-    for neg, peer in fullest:
-        if -neg < tp:
-            break  # fullest first: no later peer holds a whole tp group
-        gs = sorted(by_peer[peer])
-        take = min((len(gs) // tp) * tp, n - len(chosen))
-        take = (take // tp) * tp
-        chosen.extend(gs[:take])
-        if len(chosen) == n:
-            return chosen
-    return None
+    return take_in_order(by_peer, (p for neg, p in fullest if -neg >= tp), n, tp)
 
 
 def _take(by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], gpus: list[Gpu]) -> None:

@@ -11,7 +11,7 @@ randomness comes from the seeded ``random.Random`` passed in.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -213,8 +213,16 @@ def pick_one_peer(free_by_peer: dict[str, list[Gpu]], n: int) -> list[Gpu] | Non
 
 def pick_fullest(free_by_peer: dict[str, list[Gpu]], n: int, tp: int = 1) -> list[Gpu] | None:
     """``n`` GPUs from the fullest peers first (ties: peer name), whole tp groups per peer; None if short."""
+    order = sorted([(-len(gs), p) for p, gs in free_by_peer.items() if len(gs) >= tp])
+    return take_in_order(free_by_peer, (p for _, p in order), n, tp)
+
+
+def take_in_order(
+    free_by_peer: dict[str, list[Gpu]], peers: Iterable[str], n: int, tp: int = 1
+) -> list[Gpu] | None:
+    """``n`` GPUs from ``peers`` in that order (lowest indices first), whole tp groups; None if short."""
     chosen: list[Gpu] = []
-    for _, peer in sorted([(-len(gs), p) for p, gs in free_by_peer.items() if len(gs) >= tp]):
+    for peer in peers:
         gs = sorted(free_by_peer[peer])
         take = min((len(gs) // tp) * tp, n - len(chosen))
         take = (take // tp) * tp
