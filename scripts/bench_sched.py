@@ -467,7 +467,7 @@ def main(argv: list[str]) -> int:
     else:
         args.seeds, args.loads, args.mappings = args.seeds or 13, [1.0, 2.0], ["gpus", "gputime"]
         args.jobs = args.jobs or 160
-        args.pool_sizes, args.queue_sizes, args.reps = [16, 64, 256, 1024, 4096], [10, 100, 1000], 3
+        args.pool_sizes, args.queue_sizes, args.reps = [16, 64, 256, 1024, 4096], [10, 100, 1000], 5
         args.sia_time_limit = args.sia_time_limit or 10.0
     source = sim_jobs.MarpPlanSource()
     t0 = time.perf_counter()

@@ -369,7 +369,7 @@ class FrenzyPolicy:
         wanted: set[str] = set()
 
         shrink_tries = SHRINK_TRIES
-        donors_sorted: set[str] = set()  # types whose donor buckets are sorted this round
+        donors_sorted: set[tuple[str, int]] = set()  # (type, GPU count) donor buckets sorted this round
         # Per type: its peers fullest first (built on first use, kept sorted as GPUs are taken).
         fullest_of: dict[str, list[tuple[int, str]]] = {}
         shapes = {j.job_id: self._shape(j) for j in snapshot.queued}
@@ -483,7 +483,7 @@ class FrenzyPolicy:
         ranked: tuple[tuple[float, Plan], ...],
         *,
         runs_on: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
-        donors_sorted: set[str],
+        donors_sorted: set[tuple[str, int]],
         moved: set[str],
         free: dict[str, dict[str, list[Gpu]]],
         free_n: dict[str, int],
@@ -509,16 +509,18 @@ class FrenzyPolicy:
             mine = job.remaining_steps * plan.step_time_s
             need = plan.gpus - free_n.get(t, 0)
             best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
-            buckets = runs_on.get(t, {})
-            if t not in donors_sorted:
-                # Once per type per round: most time left first inside a bucket (ties: snapshot order;
-                # the index is unique, so the job itself is never compared).
-                donors_sorted.add(t)
-                for bucket in buckets.values():
-                    bucket.sort()
-            # Only donors holding at least ``need`` GPUs can help: merge those buckets, in the same
-            # most-time-left-first order as one sorted list (O(visited · log sizes), not O(R)).
-            usable = [b for have_n, b in buckets.items() if have_n >= need]
+            # Only donors holding at least ``need`` GPUs can help: those buckets, each sorted on first
+            # use (most time left first; ties: snapshot order, the index is unique so the job itself
+            # is never compared), merged into the order one sorted list would give.
+            usable = []
+            for have_n, bucket in runs_on.get(t, {}).items():
+                if have_n >= need:
+                    if (t, have_n) not in donors_sorted:
+                        donors_sorted.add((t, have_n))
+                        bucket.sort()
+                    usable.append(bucket)
+            if not usable:
+                continue
             donors = usable[0] if len(usable) == 1 else heapq.merge(*usable)
             for neg_left, _, r in donors:
                 left = -neg_left
