@@ -1,0 +1,63 @@
+"""GPU picking: pick_packed against a spelled-out rule; Frenzy's sorted peer index against pick_packed."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frenzyd.has.frenzy import _fullest_first, _pick_ordered, _take
+from frenzyd.has.interface import Gpu, pick_packed
+
+# Free GPUs of one type: per peer (names that sort in a different order than they are drawn), 0-8 each.
+free_maps = st.dictionaries(
+    st.sampled_from(["p-b", "p-a", "p-d", "p-c", "q", "p-e", "z-1", "a-9"]),
+    st.lists(st.integers(0, 7), unique=True, max_size=8),
+    max_size=8,
+)
+
+
+def _by_peer(spec: dict[str, list[int]]) -> dict[str, list[Gpu]]:
+    # Lists in the order drawn (not sorted): picks must sort, as GPUs given back are appended.
+    return {peer: [Gpu(peer, i, "T4") for i in idx] for peer, idx in spec.items()}
+
+
+def _reference(by_peer: dict[str, list[Gpu]], n: int, tp: int) -> list[Gpu] | None:
+    """The documented rule, spelled out: best-fit single peer, else fullest peers first, whole tp groups."""
+    holding = sorted((len(gs), peer) for peer, gs in by_peer.items() if len(gs) >= n)
+    if holding:
+        return sorted(by_peer[holding[0][1]])[:n]
+    chosen: list[Gpu] = []
+    for _, peer in sorted((-len(gs), peer) for peer, gs in by_peer.items()):
+        take = min(len(by_peer[peer]) // tp * tp, n - len(chosen)) // tp * tp
+        chosen += sorted(by_peer[peer])[:take]
+        if len(chosen) == n:
+            return chosen
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(free_maps, st.integers(1, 20), st.sampled_from([1, 2, 4]))
+def test_pick_packed_follows_its_rule(spec: dict[str, list[int]], n: int, tp: int) -> None:
+    n = -(-n // tp) * tp  # plans use whole tp groups
+    by_peer = _by_peer(spec)
+    assert pick_packed(by_peer, n, tp) == _reference(by_peer, n, tp)
+
+
+@settings(max_examples=300, deadline=None)
+@given(free_maps, st.lists(st.tuples(st.integers(1, 12), st.sampled_from([1, 2, 4])), max_size=6))
+def test_sorted_peer_index_picks_as_pick_packed_and_stays_sorted(
+    spec: dict[str, list[int]], asks: list[tuple[int, int]]
+) -> None:
+    """Frenzy keeps a type's peers fullest first across placements; every pick equals pick_packed's."""
+    by_peer = {peer: gs for peer, gs in _by_peer(spec).items() if gs}  # as Frenzy indexes free GPUs
+    fullest = _fullest_first(by_peer)
+    for ask, tp in asks:
+        n = -(-ask // tp) * tp
+        expected = pick_packed({p: list(gs) for p, gs in by_peer.items()}, n, tp)
+        got = _pick_ordered(by_peer, fullest, n, tp)
+        assert got == expected
+        if got is not None:
+            _take(by_peer, fullest, got)
+            assert fullest == _fullest_first(by_peer)
+            assert all(by_peer.values()), "a peer left with no free GPU is dropped"
+            assert not set(got) & {g for gs in by_peer.values() for g in gs}
