@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -10,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simcase import make_cluster, make_jobs, random_snapshot
 
-from frenzyd.has.interface import Decision, Snapshot, tp_inside_peers
+from frenzyd.has.frenzy import FrenzyPolicy
+from frenzyd.has.interface import Decision, RunningJob, Snapshot, tp_inside_peers
 from frenzyd.has.registry import BUILTIN, load_policy
 from frenzyd.sim.simulator import simulate
 
@@ -113,3 +115,27 @@ def test_frenzy_keeps_big_memory_gpus_for_jobs_that_need_them() -> None:
     d = load_policy("frenzy").decide(snap, random.Random(0))
     where = {p.job_id: p.plan.gpu_type for p in d.placements}
     assert where == {"small": "RTX-A6000", "big": "A100-80GB"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=seeds, n_jobs=st.integers(1, 25), peers=st.integers(1, 6))
+def test_frenzy_uses_the_reported_step_time_of_running_jobs(seed: int, n_jobs: int, peers: int) -> None:
+    """A running job's reported step time replaces the speed model's: equal figures, equal decisions."""
+    rng = random.Random(seed)
+    cluster = make_cluster(rng, peers=peers)
+    jobs = make_jobs(rng, cluster, n_jobs)
+    snap = random_snapshot(rng, cluster, jobs)
+    speed = {t.name: t.speed for t in cluster.types}
+
+    def modelled(r: RunningJob) -> float:
+        return r.job.speed.step_time_s(r.plan, speed[r.plan.gpu_type], len({g.peer for g in r.gpus}))
+
+    reported = tuple(dataclasses.replace(r, step_time_s=modelled(r)) for r in snap.running)
+    with_steps = dataclasses.replace(snap, running=reported)
+    assert load_policy("frenzy").decide(snap, random.Random(0)) == load_policy("frenzy").decide(
+        with_steps, random.Random(0)
+    )
+    policy = FrenzyPolicy()
+    for r in snap.running:  # the reported figure, not the model, when the pool has one
+        assert policy._placed_step_s(dataclasses.replace(r, step_time_s=7.5), speed) == 7.5
+        assert policy._placed_step_s(r, speed) == modelled(r)
