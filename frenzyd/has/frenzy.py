@@ -170,14 +170,13 @@ def _take(by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], gpus: l
 class _Shape:
     """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
 
-    __slots__ = ("_by_step", "_desc", "_groups", "_preferred", "_ranked", "fastest", "plans")
+    __slots__ = ("_desc", "_groups", "_preferred", "_ranked", "fastest", "plans")
 
     def __init__(self, plans: tuple[Plan, ...]) -> None:
         self.plans = plans
         self.fastest = min((p.step_time_s for p in plans), default=float("inf"))  # packed step time
         self._groups: tuple[tuple[str, int, tuple[Plan, ...]], ...] | None = None
         self._ranked: dict[float, tuple[tuple[float, Plan], ...]] = {}
-        self._by_step: tuple[Plan, ...] | None = None
         self._preferred: dict[str, int] | None = None
         self._desc: dict[str, tuple[Plan, ...]] = {}
 
@@ -230,14 +229,6 @@ class _Shape:
         if ranked is not None:
             return ranked[:k]
         return tuple((c, p) for c, _, _, p in heapq.nsmallest(k, _costed(self.plans, gamma)))
-
-    def by_step(self) -> tuple[Plan, ...]:
-        """The plans by packed step time, fastest first (ties: type, GPU count)."""
-        if self._by_step is None:
-            self._by_step = tuple(
-                p for _, _, _, p in sorted((p.step_time_s, p.gpu_type, p.gpus, p) for p in self.plans)
-            )
-        return self._by_step
 
     def preferred(self) -> dict[str, int]:
         """Per type, the GPU count of the cheapest plan while others wait (a job's un-grown size)."""
@@ -296,9 +287,6 @@ class FrenzyPolicy:
             self._shapes.clear()
         shape = self._shapes[id(plans)] = _Shape(plans)
         return shape
-
-    def _ranking(self, job: JobView, gamma: float) -> tuple[tuple[float, Plan], ...]:
-        return self._shape(job).ranking(gamma)
 
     def _preferred_gpus(self, job: JobView, gpu_type: str) -> int:
         """GPU count of the job's cheapest plan of ``gpu_type`` while others wait (its un-grown size)."""
@@ -468,7 +456,7 @@ class FrenzyPolicy:
                 wanted.update(t for t, _ in shape.smallest)
             if i == 0 and now - job.arrival_s > STARVATION_S:
                 total = self._type_totals(cluster)
-                for _, plan in self._ranking(job, gamma):
+                for _, plan in shape.ranking(gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):
                         reserved.add(plan.gpu_type)
                         break
