@@ -1,4 +1,4 @@
-"""Frenzy's starvation reservation, on a hand-built snapshot where it decides the outcome."""
+"""Frenzy's rules on hand-built snapshots where each one decides the outcome: shrink, grow, starvation."""
 
 from __future__ import annotations
 
@@ -45,3 +45,52 @@ def test_a_starving_head_job_gets_its_type_reserved() -> None:
     waiting = snapshot(frenzy.STARVATION_S - 600.0)
     placed = FrenzyPolicy().decide(waiting, random.Random(0)).placements
     assert [p.job_id for p in placed] == ["small"]
+
+
+def modelled(gpus: int) -> Plan:
+    """A plan whose packed step time is the speed model's (as MARP's plans carry in the simulator)."""
+    draft = plan(gpus, 1.0)
+    return plan(gpus, SPEED.step_time_s(draft, GPU_TYPES[TYPE].speed, 1))
+
+
+def one_peer() -> tuple[Cluster, tuple[Gpu, ...]]:
+    gpus = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    return Cluster((GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed),), gpus), gpus
+
+
+def shrink_case(long_left_steps: float) -> Snapshot:
+    """All 4 GPUs held by ``long``; a short job arrives whose cheapest plan needs 2."""
+    cluster, gpus = one_peer()
+    now = 3600.0
+    long = job("long", 0.0, (plan(4, 1.0), plan(2, 1.8)), remaining=long_left_steps)
+    short = job("short", now - 5.0, (plan(1, 4.0), plan(2, 2.0)), remaining=1000.0)
+    running = (RunningJob(long, long.plans[0], gpus, now - 600.0, step_time_s=1.0),)
+    return Snapshot(now, "arrival", cluster, (), (short,), running)
+
+
+def test_a_much_longer_job_shrinks_for_a_short_one() -> None:
+    # 100,000 s left against the short job's 2,000 s on its 2-GPU plan (>= SHRINK_RATIO x): the long
+    # job keeps 2 of its GPUs under its 2-GPU plan and the short job takes the other two.
+    d = FrenzyPolicy().decide(shrink_case(100_000.0), random.Random(0))
+    assert d.preemptions == ()
+    moves = {p.job_id: p for p in d.placements}
+    assert set(moves) == {"long", "short"}
+    assert moves["long"].plan.gpus == 2
+    assert moves["short"].plan.gpus == 2
+    assert not set(moves["long"].gpus) & set(moves["short"].gpus)
+    # Only 1.5x the short job's time left: nobody is disturbed, the short job waits.
+    assert FrenzyPolicy().decide(shrink_case(3_000.0), random.Random(0)).placements == ()
+
+
+def grow_case(remaining_steps: float) -> Snapshot:
+    cluster, gpus = one_peer()
+    solo = job("solo", 0.0, (modelled(1), modelled(4)), remaining=remaining_steps)
+    running = (RunningJob(solo, solo.plans[0], gpus[:1], 0.0, step_time_s=solo.plans[0].step_time_s),)
+    return Snapshot(3600.0, "completion", cluster, gpus[1:], (), running)
+
+
+def test_a_running_job_grows_onto_idle_gpus_when_it_pays_for_its_restart() -> None:
+    d = FrenzyPolicy().decide(grow_case(1000.0), random.Random(0))
+    assert [(p.job_id, p.plan.gpus, len(p.gpus)) for p in d.placements] == [("solo", 4, 4)]
+    # A few steps left: the restart would cost more than the speed-up buys.
+    assert FrenzyPolicy().decide(grow_case(3.0), random.Random(0)).placements == ()
