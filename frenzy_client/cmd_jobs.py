@@ -66,6 +66,10 @@ def register(sub: Any) -> None:
     p.add_argument("--nproc", type=int, help="number of ranks (jobs without --model)")
     p.add_argument("--mem-per-rank", type=parse_bytes, metavar="BYTES",
                    help="GPU memory each rank needs, e.g. 4GiB (jobs without --model)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="optimizer steps the job will run (its declared work): the scheduler starts "
+                        "shorter work first, and the ranks get it as FRENZY_STEPS; without it the job "
+                        "counts as no shorter than any job that declares its work")
     p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page")
     p.add_argument("--detach", action="store_true", help="print the job id and return at once")
     p.add_argument("--results-dir", type=Path,
@@ -115,6 +119,7 @@ def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
         "micro_batch": args.micro_batch, "global_batch": args.global_batch, "dtype": args.dtype,
         "optimizer": args.optimizer, "recompute": args.recompute, "zero": args.zero,
         "nproc": args.nproc, "mem_per_rank": args.mem_per_rank, "seq_len": args.seq_len,
+        "steps": args.steps,
     }
     if args.model:
         path = Path(args.model)

@@ -35,6 +35,7 @@ MAX_ATTEMPTS = 3
 """A job requeued this many times (peer lost, owner reclaimed its GPU) is failed instead."""
 
 MAX_NPROC = 1024
+MAX_STEPS = 10**9
 MAX_ARGV = 256
 MAX_ARG_LEN = 4096
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -72,6 +73,8 @@ class JobSpec:
     zero: int = 0
     nproc: int | None = None
     mem_per_rank: int | None = None
+    steps: int | None = None
+    """Declared work in optimizer steps (``--steps``): HAS runs shorter work first; None = not said."""
 
     def validate(self) -> JobSpec:
         """Check the spec; raise ``ConfigError`` saying what to change.  Returns self."""
@@ -102,6 +105,8 @@ class JobSpec:
             raise ConfigError("--mem-per-rank must be positive (e.g. 512MiB, 4GiB)")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError("--zero must be 0, 1, 2 or 3")
+        if self.steps is not None and not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"--steps must be between 1 and {MAX_STEPS} (optimizer steps the job will run)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,6 +129,7 @@ class JobSpec:
             "zero": self.zero,
             "nproc": self.nproc,
             "mem_per_rank": self.mem_per_rank,
+            "steps": self.steps,
         }
 
     @classmethod
@@ -154,6 +160,7 @@ class JobSpec:
                 zero=_opt(d, "zero", int) or 0,
                 nproc=_opt(d, "nproc", int),
                 mem_per_rank=_opt(d, "mem_per_rank", int),
+                steps=_opt(d, "steps", int),
             )
         except KeyError as exc:
             raise WireError(f"job spec: missing key {exc.args[0]!r}") from None

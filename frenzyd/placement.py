@@ -14,6 +14,10 @@ Layout rule: ranks are packed onto as few peers as possible, fastest GPU type fi
 tensor-parallel group never spans peers (DESIGN.md §3); ranks are numbered peer by peer in
 the order of the chosen GPUs so each tp group is contiguous.
 
+Each job's work for HAS's shortest-remaining-time order is its declared ``--steps`` (see
+``_declared_work`` for jobs that declare none).  A requeued job counts its whole declared work
+again: the daemon does not track a script's progress.
+
 Not given to HAS: running jobs.  Their ranks are user scripts that cannot be resized or
 resumed, so HAS's grow/shrink/preempt moves are not offered; their GPUs are simply not free.
 """
@@ -302,6 +306,23 @@ def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
     return replace(p, gpus=gpus)
 
 
+def _declared_work(views: list[Any], steps: dict[str, int | None]) -> list[Any]:
+    """Give HAS each job's work: its declared ``--steps``; a job that declares none counts as no
+    shorter than the longest declared job in the queue (on its fastest plan), so declaring work
+    never makes a job wait longer, and jobs that declare none keep their arrival order (HAS's aging)."""
+    def fastest(v: Any) -> float:
+        return min((p.step_time_s for p in v.plans), default=0.0)
+
+    known = [float(k) * fastest(v) for v in views if (k := steps.get(v.job_id)) and fastest(v) > 0]
+    longest = max(known, default=1.0)
+    out = []
+    for v in views:
+        declared = steps.get(v.job_id)
+        n = float(declared) if declared else (longest / fastest(v) if fastest(v) > 0 else 1.0)
+        out.append(replace(v, total_steps=n, remaining_steps=n))
+    return out
+
+
 def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
     headroom: float = DEFAULT_HEADROOM,
@@ -340,6 +361,7 @@ def schedule(
         plan_dicts[q.job_id] = dicts
         views.append(JobView(job_id=q.job_id, arrival_s=q.arrival_s, requested_gpus=q.spec.nproc or 1,
                              plans=tuple(plans), speed=speed, total_steps=1.0, remaining_steps=1.0))
+    views = _declared_work(views, {q.job_id: q.spec.steps for q in queue})
     by_key: dict[tuple[str, int], OfferedGpu] = {}
     peer_of: dict[str, PeerOffer] = {}
     all_gpus: list[Any] = []

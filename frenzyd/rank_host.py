@@ -99,7 +99,8 @@ class RankHostRole(RoleBase):
                     job_id=job_id, rank=r.rank, local_rank=r.local_rank, world_size=rec.world_size,
                     local_world_size=local_world, master_addr=body["master_addr"], master_port=port,
                     gpu_indices=gpu_indices, argv=list(rec.spec.argv), workdir=work, output_dir=outdir,
-                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(rec.plan or {})},
+                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(rec.plan or {}),
+                         **({"FRENZY_STEPS": str(rec.spec.steps)} if rec.spec.steps else {})},
                     backend=body["backend"], socket_ifname=self.socket_ifname,
                 )
                 handles.append((r.rank, await self.launcher.launch(spec, self._on_output(run))))

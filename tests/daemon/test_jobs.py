@@ -42,6 +42,11 @@ def test_spec_roundtrips_and_validates() -> None:
     assert JobSpec.from_dict(s.to_dict()) == s
     m = spec(nproc=None, mem_per_rank=None, model="gpt2", seq_len=128, micro_batch=2, global_batch=8)
     assert JobSpec.from_dict(m.to_dict()) == m.validate()
+    w = spec(steps=500)
+    assert JobSpec.from_dict(w.to_dict()) == w.validate()
+    old = spec().to_dict()
+    del old["steps"]  # a record written before --steps existed
+    assert JobSpec.from_dict(old).steps is None
 
 
 @pytest.mark.parametrize(
@@ -56,6 +61,7 @@ def test_spec_roundtrips_and_validates() -> None:
         ({"model": "gpt2", "nproc": None, "mem_per_rank": None}, "--seq-len"),
         ({"model": "gpt2", "seq_len": 8, "micro_batch": 3, "global_batch": 8}, "multiple"),
         ({"zero": 5}, "--zero"),
+        ({"steps": 0}, "--steps"),
     ],
 )
 def test_bad_spec_says_what_to_fix(kw: dict[str, object], needle: str) -> None:
@@ -72,6 +78,8 @@ def test_bad_spec_says_what_to_fix(kw: dict[str, object], needle: str) -> None:
         lambda d: d.update(nproc=True),
         lambda d: d.update(model_config=[1, 2]),
         lambda d: d.update(nproc=None),
+        lambda d: d.update(steps="100"),
+        lambda d: d.update(steps=-5),
     ],
 )
 def test_untrusted_spec_raises_wire_error(mutate: object) -> None:

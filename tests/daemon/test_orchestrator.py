@@ -214,9 +214,10 @@ async def test_model_job_is_sized_by_marp_and_ranks_see_the_plan(pool: Pool, tmp
     pool.coordinator = "a"
     pool.start()
     script = ("import json, os\nplan = json.loads(os.environ['FRENZY_PLAN'])\n"
-              "print('world', os.environ['WORLD_SIZE'], 'plan', plan['gpus'], plan['source'], flush=True)\n")
+              "print('world', os.environ['WORLD_SIZE'], 'plan', plan['gpus'], plan['source'], flush=True)\n"
+              "print('steps', os.environ['FRENZY_STEPS'], flush=True)\n")
     req = {"workdir": str(job_dir(tmp_path, script)), "argv": ["train.py"], "model": "tiny-gpt2",
-           "seq_len": 64, "micro_batch": 1, "global_batch": 4, "dtype": "fp32"}
+           "seq_len": 64, "micro_batch": 1, "global_batch": 4, "dtype": "fp32", "steps": 7}
     rec = await c.orch.submit(req)
     done = await wait_state(c, rec.id, {"succeeded", "failed"})
     assert done["state"] == "succeeded", done
@@ -226,3 +227,4 @@ async def test_model_job_is_sized_by_marp_and_ranks_see_the_plan(pool: Pool, tmp
     assert 0 < plan["bytes_per_gpu"] < 16 * GIB
     out = "".join(e["data"] for e in c.orch.store.read_output(rec.id))
     assert f"world {plan['gpus']} plan {plan['gpus']} marp" in out
+    assert "steps 7" in out  # the declared work reaches the ranks

@@ -181,3 +181,40 @@ def test_schedule_model_job_uses_marp_plans() -> None:
     sched = schedule([q("x", bad)], offers, now_s=0.0)
     assert sched.infeasible
     assert "unknown model preset" in sched.infeasible[0][1]
+
+
+def stepped(steps: int | None) -> JobSpec:
+    s = spec(2, 4 * GIB)
+    return JobSpec(**{**s.to_dict(), "argv": tuple(s.argv), "steps": steps})
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "starts"),
+    [
+        (None, None, "early"),  # nobody declares work: arrival order
+        (10_000, 100, "late"),  # shorter declared work first, though it came later
+        (100, 10_000, "early"),
+        (100, None, "early"),
+        # Undeclared work counts as long as the longest declared job: arrival breaks the tie.
+        (None, 100, "early"),
+        (10_000, None, "early"),
+    ],
+)
+def test_schedule_runs_shorter_declared_work_first(
+    first: int | None, second: int | None, starts: str
+) -> None:
+    offers = [peer("a", [("T4", 16, True)] * 2)]  # room for one 2-rank job
+    queue = [q("early", stepped(first), 0.0), q("late", stepped(second), 5.0)]
+    sched = schedule(queue, offers, now_s=10.0)
+    assert [j for j, _ in sched.start] == [starts]
+
+
+def test_schedule_puts_undeclared_work_behind_shorter_declared_work() -> None:
+    offers = [peer("a", [("T4", 16, True)] * 2)]
+    queue = [
+        q("undeclared", stepped(None), 0.0), q("long", stepped(10_000), 1.0), q("short", stepped(100), 2.0)
+    ]
+    assert [j for j, _ in schedule(queue, offers, now_s=10.0).start] == ["short"]
+    # Room for two: the undeclared job ties the long one and came first.
+    offers = [peer("a", [("T4", 16, True)] * 4)]
+    assert [j for j, _ in schedule(queue, offers, now_s=10.0).start] == ["short", "undeclared"]
