@@ -33,8 +33,10 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    subset of its own GPUs, or, when no smaller plan frees enough, is stopped
    and requeued with its progress (shortest-remaining-time preemption; elastic
    like Sia's rescaling, but event-driven and only for the first
-   :data:`SHRINK_TRIES` blocked jobs of a round, each over its
-   :data:`SHRINK_PLANS` cheapest plans).
+   :data:`SHRINK_TRIES` blocked jobs of a round, each over its cheapest plan
+   of every GPU type, cheapest first: the globally cheapest plans are usually
+   all of one fast type, and the much longer jobs that could give way often
+   hold another).
 6. **Reserve against starvation**: when the head job has waited longer than
    :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
    plan that the cluster can hold is reserved for it: no later job takes GPUs
@@ -96,8 +98,6 @@ GROW_TRIES = 8
 """Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
-SHRINK_PLANS = 4
-"""A blocked job's cheapest plans considered for shrinking."""
 SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
 SHRINK_MIN_RUN_S = 120.0
@@ -223,12 +223,18 @@ class _Shape:
             ranked = self._ranked[gamma] = tuple((c, p) for c, _, _, p in sorted(_costed(self.plans, gamma)))
         return ranked
 
-    def cheapest(self, gamma: float, k: int) -> tuple[tuple[float, Plan], ...]:
-        """The first ``k`` of :meth:`ranking` (O(K), no full sort)."""
-        ranked = self._ranked.get(gamma)
-        if ranked is not None:
-            return ranked[:k]
-        return tuple((c, p) for c, _, _, p in heapq.nsmallest(k, _costed(self.plans, gamma)))
+    def cheapest_per_type(self, gamma: float) -> tuple[tuple[float, Plan], ...]:
+        """Each type's cheapest (cost, plan) (packed cost as :meth:`ranking`), cheapest first."""
+        key = -gamma - 1.0  # its own slot in the cache: gammas are >= 0
+        ranked = self._ranked.get(key)
+        if ranked is None:
+            scale = _powers(gamma)
+            best = [
+                min((p.step_time_s * _pow(scale, p.gpus, gamma), t, p.gpus, p) for p in of_type)
+                for t, _, of_type in self.groups
+            ]
+            ranked = self._ranked[key] = tuple((c, p) for c, _, _, p in sorted(best))
+        return ranked
 
     def preferred(self) -> dict[str, int]:
         """Per type, the GPU count of the cheapest plan while others wait (a job's un-grown size)."""
@@ -434,7 +440,7 @@ class FrenzyPolicy:
                 shrink_tries -= 1
                 pair = self._shrink_for(
                     job,
-                    shape.cheapest(gamma, SHRINK_PLANS),
+                    shape.cheapest_per_type(gamma),
                     runs_on=runs_on,
                     donors_sorted=donors_sorted,
                     moved=moved,

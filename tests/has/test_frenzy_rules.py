@@ -94,3 +94,47 @@ def test_a_running_job_grows_onto_idle_gpus_when_it_pays_for_its_restart() -> No
     assert [(p.job_id, p.plan.gpus, len(p.gpus)) for p in d.placements] == [("solo", 4, 4)]
     # A few steps left: the restart would cost more than the speed-up buys.
     assert FrenzyPolicy().decide(grow_case(3.0), random.Random(0)).placements == ()
+
+
+SLOW = "RTX-A6000"
+
+
+def two_types_case(long_left_steps: float) -> Snapshot:
+    """4 fast GPUs held by a job about as long as the newcomer, 4 slower ones by ``long``.
+
+    The short job's four cheapest plans are all on the fast type (1–4 GPUs), its
+    plan on the slower type costs more: only a per-type look finds ``long``.
+    """
+    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
+    smem = GPU_TYPES[SLOW].memory_bytes
+    cluster = Cluster(
+        (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, smem, GPU_TYPES[SLOW].speed)),
+        fast + slow,
+    )
+    now = 3600.0
+
+    def on_slow(gpus: int, step_s: float) -> Plan:
+        return Plan(SLOW, gpus, gpus, 1, 1, 3, 1, 1, smem // 2, smem, step_s)
+
+    fast_plans = (plan(1, 2.0), plan(2, 1.0), plan(3, 0.7), plan(4, 0.55))
+    short = job("short", now - 5.0, (*fast_plans, on_slow(2, 3.0)), remaining=1000.0)
+    peer = job("peer", 0.0, (plan(4, 1.0),), remaining=2000.0)  # < SHRINK_RATIO x: no donor
+    long = job("long", 0.0, (on_slow(4, 1.0), on_slow(2, 1.8)), remaining=long_left_steps)
+    running = (
+        RunningJob(peer, peer.plans[0], fast, now - 600.0, step_time_s=1.0),
+        RunningJob(long, long.plans[0], slow, now - 600.0, step_time_s=1.0),
+    )
+    return Snapshot(now, "arrival", cluster, (), (short,), running)
+
+
+def test_a_much_longer_job_on_another_type_shrinks_for_a_short_one() -> None:
+    d = FrenzyPolicy().decide(two_types_case(100_000.0), random.Random(0))
+    moves = {p.job_id: p for p in d.placements}
+    assert set(moves) == {"long", "short"}
+    assert (moves["long"].plan.gpu_type, moves["long"].plan.gpus) == (SLOW, 2)
+    assert (moves["short"].plan.gpu_type, moves["short"].plan.gpus) == (SLOW, 2)
+    assert not set(moves["long"].gpus) & set(moves["short"].gpus)
+    assert "peer" not in moves
+    # Control: ``long`` has only 2x the short job's time left on the slow plan: nobody is disturbed.
+    assert FrenzyPolicy().decide(two_types_case(6_000.0), random.Random(0)).placements == ()
