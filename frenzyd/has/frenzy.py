@@ -37,7 +37,15 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    of every GPU type, cheapest first: the globally cheapest plans are usually
    all of one fast type, and the much longer jobs that could give way often
    hold another).
-6. **Reserve against starvation**: when the head job has waited longer than
+6. **Yield in quiet windows**: a job that could start on free GPUs takes
+   GPUs of another type from a donor as in 5 instead, when its time on the
+   free GPUs ``t_free`` exceeds ``2·t_there + the donor's restart``: stopping
+   the donor delays it by about the newcomer's time there plus its restart,
+   and the newcomer gains ``t_free − t_there`` (an exchange argument on the
+   sum of completion times; no tuned constant).  This is what keeps a short
+   job off slow GPUs while a far longer job holds the fast ones.  The
+   attempts share the :data:`SHRINK_TRIES` budget.
+7. **Reserve against starvation**: when the head job has waited longer than
    :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
    plan that the cluster can hold is reserved for it: no later job takes GPUs
    of that type in this round, so it starts as soon as enough of them free up.
@@ -46,7 +54,8 @@ Invariants: only MARP-feasible plans; no GPU given twice (a placement removes
 its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
-remaining time, and only after :data:`SHRINK_MIN_RUN_S` since its last start.
+remaining time (or, grown past its preferred size, gives the extra GPUs
+back), and only after :data:`SHRINK_MIN_RUN_S` since its last start.
 Cost per round: O(Q log Q + Q·K + G + R log R + P log P) for Q queued jobs, K
 plans per job, G free GPUs, R running jobs and P peers: one pass over the
 running jobs (their time left; shrink donors bucketed by type and GPU
@@ -66,6 +75,7 @@ import bisect
 import heapq
 import random
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from frenzyd.has.interface import (
     Cluster,
@@ -269,6 +279,19 @@ def _powers(gamma: float) -> list[float]:
     return table
 
 
+class _Round(NamedTuple):
+    """What a shrink reads and updates in one round (the round's own dicts and sets, shared)."""
+
+    runs_on: dict[str, dict[int, list[tuple[float, int, RunningJob]]]]
+    """Shrink donors per type and GPU count: (-time left, snapshot index, job)."""
+    donors_sorted: set[tuple[str, int]]
+    moved: set[str]
+    free: dict[str, dict[str, list[Gpu]]]
+    free_n: dict[str, int]
+    now: float
+    reserved: set[str]
+
+
 class FrenzyPolicy:
     """Frenzy HAS (see module docstring for the algorithm, invariants and complexity)."""
 
@@ -376,6 +399,7 @@ class FrenzyPolicy:
             ),
         )
         reserved: set[str] = set()
+        ctx = _Round(runs_on, donors_sorted, moved, free, free_n, now, reserved)
         placements: list[Placement] = []
         preemptions: list[str] = []
         placed_queued = 0
@@ -423,10 +447,31 @@ class FrenzyPolicy:
                     best = min(best, best_c)
             if per_type:
                 # Among the types within MEMORY_SLACK of the best cost, the smallest-memory one.
-                _, _, choice = min(
+                c_cost, c_n, choice = min(
                     (c for c in per_type if c[0] <= best * (1.0 + MEMORY_SLACK)),
                     key=lambda c: (memory[c[2].gpu_type], c[0], c[2].gpu_type, c[1]),
                 )
+                if shrink_tries > 0:
+                    # Yield: the job's time on the free GPUs against its time on GPUs a much longer
+                    # running job holds.  Stopping that job delays it by about the newcomer's time
+                    # there plus its restart; the newcomer gains the difference: worth it when
+                    # t_free > 2·t_there + restart (the donor test in _shrink_for, beat_s).
+                    t_free = job.remaining_steps * c_cost / (scale[c_n] if c_n < 257 else c_n**gamma)
+                    better = tuple(
+                        cp
+                        for cp in shape.cheapest_per_type(gamma)
+                        if 2.0 * job.remaining_steps * cp[1].step_time_s < t_free
+                    )
+                    if better:
+                        shrink_tries -= 1
+                        pair = self._shrink_for(job, better, ctx, beat_s=t_free)
+                        if pair is not None:
+                            fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
+                            stopped, places = pair
+                            preemptions.extend(() if stopped is None else (stopped,))
+                            placements.extend(places)
+                            placed_queued += 1
+                            continue
                 t = choice.gpu_type
                 gpus = _pick_ordered(free[t], fullest_of[t], choice.gpus, choice.tp)
                 if gpus is None:  # cannot happen: the peer counts said so; keep the invariant explicit
@@ -438,23 +483,11 @@ class FrenzyPolicy:
                 continue
             if shrink_tries > 0:
                 shrink_tries -= 1
-                pair = self._shrink_for(
-                    job,
-                    shape.cheapest_per_type(gamma),
-                    runs_on=runs_on,
-                    donors_sorted=donors_sorted,
-                    moved=moved,
-                    free=free,
-                    free_n=free_n,
-                    speeds=speeds,
-                    now=now,
-                    reserved=reserved,
-                )
+                pair = self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)
                 if pair is not None:
-                    stopped, places = pair
                     fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
-                    if stopped is not None:
-                        preemptions.append(stopped)
+                    stopped, places = pair
+                    preemptions.extend(() if stopped is None else (stopped,))
                     placements.extend(places)
                     placed_queued += 1
                     continue
@@ -475,15 +508,9 @@ class FrenzyPolicy:
         self,
         job: JobView,
         ranked: tuple[tuple[float, Plan], ...],
+        rnd: _Round,
         *,
-        runs_on: dict[str, dict[int, list[tuple[float, int, RunningJob]]]],
-        donors_sorted: set[tuple[str, int]],
-        moved: set[str],
-        free: dict[str, dict[str, list[Gpu]]],
-        free_n: dict[str, int],
-        speeds: dict[str, float],
-        now: float,
-        reserved: set[str],
+        beat_s: float | None = None,
     ) -> tuple[str | None, list[Placement]] | None:
         """Make room for a blocked ``job`` by shrinking (or stopping) one much longer running job.
 
@@ -494,8 +521,11 @@ class FrenzyPolicy:
         ``job``'s plan.  Donors: ran at least :data:`SHRINK_MIN_RUN_S` since their last
         start, not changed this round, and either with at least
         :data:`SHRINK_RATIO` times ``job``'s remaining time left, or grown past
-        their preferred size (they then shrink, at most back to that size).  O(K·R).
+        their preferred size (they then shrink, at most back to that size).
+        With ``beat_s`` (a yield: ``job`` could start on free GPUs and would take
+        ``beat_s`` there) a donor also needs ``2·mine + its restart < beat_s``.  O(K·R).
         """
+        runs_on, donors_sorted, moved, free, free_n, now, reserved = rnd
         for _, plan in ranked:
             t = plan.gpu_type
             if t in reserved:
@@ -519,6 +549,8 @@ class FrenzyPolicy:
             for neg_left, _, r in donors:
                 left = -neg_left
                 if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+                    continue
+                if beat_s is not None and 2.0 * mine + r.job.restart_cost_s >= beat_s:
                     continue
                 have = len(r.gpus)
                 rich = left >= SHRINK_RATIO * mine

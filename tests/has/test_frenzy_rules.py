@@ -138,3 +138,33 @@ def test_a_much_longer_job_on_another_type_shrinks_for_a_short_one() -> None:
     assert "peer" not in moves
     # Control: ``long`` has only 2x the short job's time left on the slow plan: nobody is disturbed.
     assert FrenzyPolicy().decide(two_types_case(6_000.0), random.Random(0)).placements == ()
+
+
+def quiet_case(slow_step_s: float, long_left_steps: float) -> Snapshot:
+    """The fast GPUs held by ``long``, the slower ones free; a short job arrives (a quiet window)."""
+    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
+    smem = GPU_TYPES[SLOW].memory_bytes
+    cluster = Cluster(
+        (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, smem, GPU_TYPES[SLOW].speed)),
+        fast + slow,
+    )
+    now = 3600.0
+    on_slow = Plan(SLOW, 2, 2, 1, 1, 3, 1, 1, smem // 2, smem, slow_step_s)
+    short = job("short", now - 5.0, (plan(2, 1.0), on_slow), remaining=1000.0)  # 1,000 s on the fast pair
+    long = job("long", 0.0, (plan(4, 1.0), plan(2, 1.8)), remaining=long_left_steps)
+    running = (RunningJob(long, long.plans[0], fast, now - 600.0, step_time_s=1.0),)
+    return Snapshot(now, "arrival", cluster, slow, (short,), running)
+
+
+def test_a_much_longer_job_yields_fast_gpus_when_the_free_ones_are_much_slower() -> None:
+    # 3,000 s on the free slow pair > 2 x 1,000 s + long's restart (31.5 s): long keeps 2 fast GPUs.
+    d = FrenzyPolicy().decide(quiet_case(3.0, 100_000.0), random.Random(0))
+    moves = {p.job_id: (p.plan.gpu_type, p.plan.gpus) for p in d.placements}
+    assert moves == {"long": (TYPE, 2), "short": (TYPE, 2)}
+    # Control: 1,900 s on the slow pair is less than the delay the yield would cost long: start there.
+    d = FrenzyPolicy().decide(quiet_case(1.9, 100_000.0), random.Random(0))
+    assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
+    # Control: long has under SHRINK_RATIO x the short job's time left: nobody yields.
+    d = FrenzyPolicy().decide(quiet_case(3.0, 3_000.0), random.Random(0))
+    assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
