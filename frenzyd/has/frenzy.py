@@ -402,6 +402,17 @@ class FrenzyPolicy:
         ctx = _Round(runs_on, donors_sorted, moved, free, free_n, now, reserved)
         placements: list[Placement] = []
         preemptions: list[str] = []
+
+        def took(pair: tuple[str | None, list[Placement]] | None) -> bool:
+            """Apply a shrink's outcome (a stopped donor, the moves); False when it found none."""
+            if pair is None:
+                return False
+            fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
+            stopped, places = pair
+            preemptions.extend(() if stopped is None else (stopped,))
+            placements.extend(places)
+            return True
+
         placed_queued = 0
         left = len(order)
         for i, job in enumerate(order):
@@ -464,12 +475,7 @@ class FrenzyPolicy:
                     )
                     if better:
                         shrink_tries -= 1
-                        pair = self._shrink_for(job, better, ctx, beat_s=t_free)
-                        if pair is not None:
-                            fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
-                            stopped, places = pair
-                            preemptions.extend(() if stopped is None else (stopped,))
-                            placements.extend(places)
+                        if took(self._shrink_for(job, better, ctx, beat_s=t_free)):
                             placed_queued += 1
                             continue
                 t = choice.gpu_type
@@ -483,12 +489,7 @@ class FrenzyPolicy:
                 continue
             if shrink_tries > 0:
                 shrink_tries -= 1
-                pair = self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)
-                if pair is not None:
-                    fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
-                    stopped, places = pair
-                    preemptions.extend(() if stopped is None else (stopped,))
-                    placements.extend(places)
+                if took(self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)):
                     placed_queued += 1
                     continue
             if len(wanted) < len(free_n):  # types a waiting job could use: not for growing

@@ -97,6 +97,19 @@ def test_a_running_job_grows_onto_idle_gpus_when_it_pays_for_its_restart() -> No
 
 
 SLOW = "RTX-A6000"
+SMEM = GPU_TYPES[SLOW].memory_bytes
+
+
+def fast_and_slow() -> tuple[Cluster, tuple[Gpu, ...], tuple[Gpu, ...]]:
+    """4 GPUs of TYPE on peer-a, 4 slower ones (SLOW) on peer-b."""
+    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
+    types = (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, SMEM, GPU_TYPES[SLOW].speed))
+    return Cluster(types, fast + slow), fast, slow
+
+
+def on_slow(gpus: int, step_s: float) -> Plan:
+    return Plan(SLOW, gpus, gpus, 1, 1, 3, 1, 1, SMEM // 2, SMEM, step_s)
 
 
 def two_types_case(long_left_steps: float) -> Snapshot:
@@ -105,17 +118,8 @@ def two_types_case(long_left_steps: float) -> Snapshot:
     The short job's four cheapest plans are all on the fast type (1–4 GPUs), its
     plan on the slower type costs more: only a per-type look finds ``long``.
     """
-    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
-    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
-    smem = GPU_TYPES[SLOW].memory_bytes
-    cluster = Cluster(
-        (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, smem, GPU_TYPES[SLOW].speed)),
-        fast + slow,
-    )
+    cluster, fast, slow = fast_and_slow()
     now = 3600.0
-
-    def on_slow(gpus: int, step_s: float) -> Plan:
-        return Plan(SLOW, gpus, gpus, 1, 1, 3, 1, 1, smem // 2, smem, step_s)
 
     fast_plans = (plan(1, 2.0), plan(2, 1.0), plan(3, 0.7), plan(4, 0.55))
     short = job("short", now - 5.0, (*fast_plans, on_slow(2, 3.0)), remaining=1000.0)
@@ -142,16 +146,10 @@ def test_a_much_longer_job_on_another_type_shrinks_for_a_short_one() -> None:
 
 def quiet_case(slow_step_s: float, long_left_steps: float) -> Snapshot:
     """The fast GPUs held by ``long``, the slower ones free; a short job arrives (a quiet window)."""
-    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
-    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
-    smem = GPU_TYPES[SLOW].memory_bytes
-    cluster = Cluster(
-        (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, smem, GPU_TYPES[SLOW].speed)),
-        fast + slow,
-    )
+    cluster, fast, slow = fast_and_slow()
     now = 3600.0
-    on_slow = Plan(SLOW, 2, 2, 1, 1, 3, 1, 1, smem // 2, smem, slow_step_s)
-    short = job("short", now - 5.0, (plan(2, 1.0), on_slow), remaining=1000.0)  # 1,000 s on the fast pair
+    # 1,000 s on the fast pair, 1,000 x slow_step_s on the slow one.
+    short = job("short", now - 5.0, (plan(2, 1.0), on_slow(2, slow_step_s)), remaining=1000.0)
     long = job("long", 0.0, (plan(4, 1.0), plan(2, 1.8)), remaining=long_left_steps)
     running = (RunningJob(long, long.plans[0], fast, now - 600.0, step_time_s=1.0),)
     return Snapshot(now, "arrival", cluster, slow, (short,), running)
