@@ -103,3 +103,40 @@ def test_out_of_memory_user_plans_fail_and_are_resubmitted_with_twice_the_gpus()
     (o,) = r.outcomes
     assert (o.state, o.oom_failures) == ("completed", 1)
     assert o.end_s - o.arrival_s > 2 * speed.restart_cost_s  # one failed start, then a real one
+
+
+class _StopOnce:
+    """Greedy, but stops the first job once for the second; records what the queue showed."""
+
+    name = "stop-once"
+    round_s = None
+
+    def __init__(self) -> None:
+        self.inner = _Greedy()
+        self.stopped_at: float | None = None
+        self.seen: list[tuple[float, str, float | None]] = []
+
+    def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
+        self.seen += [(snapshot.now_s, j.job_id, j.queued_since_s) for j in snapshot.queued]
+        if self.stopped_at is None and snapshot.running and snapshot.queued:
+            self.stopped_at = snapshot.now_s
+            run, new = snapshot.running[0], snapshot.queued[0]
+            plan = next(p for p in new.plans if p.gpus == len(run.gpus))
+            swap = Placement(new.job_id, plan, run.gpus)
+            return Decision(placements=(swap,), preemptions=(run.job.job_id,))
+        return self.inner.decide(snapshot, rng)
+
+
+def test_a_stopped_job_shows_when_it_was_requeued() -> None:
+    rng = random.Random(3)
+    cluster = make_cluster(rng, peers=1, max_per_peer=1)
+    first, second = make_jobs(rng, cluster, 2, span_s=0.0)
+    second = SimJob(**{**{f: getattr(second, f) for f in second.__dataclass_fields__}, "arrival_s": 50.0})
+    policy = _StopOnce()
+    r = simulate(policy, [first, second], cluster, seed=0, clock=time.perf_counter)
+    assert policy.stopped_at == 50.0
+    assert all(o.state == "completed" for o in r.outcomes)
+    first_seen = {(t, since) for t, jid, since in policy.seen if jid == first.job_id}
+    assert (first.arrival_s, first.arrival_s) in first_seen  # queued on arrival
+    assert any(t > 50.0 - 1e-9 and since == 50.0 for t, since in first_seen)  # requeued by the stop
+    assert [since for t, jid, since in policy.seen if jid == second.job_id] == [50.0]
