@@ -4,9 +4,8 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
 
 1. **Order** the queue by aged shortest-remaining-time: ``key = R − a·W``
    with ``R`` the job's remaining steps times its fastest plan's step time,
-   ``W`` its time since arrival and ``a`` = :data:`AGING`; ahead of all of
-   them, longest wait first, the jobs that have waited in the queue (since
-   their arrival or their last preemption) longer than :data:`STARVATION_S`.
+   ``W`` its time in the queue and ``a`` = :data:`AGING` (a job that waits
+   long enough comes first: no starvation by ordering).
 2. **Choose a plan** for each job in that order from MARP's feasible plans
    only (so nothing is placed that does not fit in memory).  A plan costs
    ``step_time × gpus^γ``: a doubling of the GPU count must buy a speed-up
@@ -47,10 +46,9 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    job off slow GPUs while a far longer job holds the fast ones.  The
    attempts share the :data:`SHRINK_TRIES` budget.
 7. **Reserve against starvation**: when the head job has waited longer than
-   :data:`STARVATION_S` (so it heads the order) and still cannot start, the
-   GPU type of its cheapest plan that the cluster can hold is reserved for
-   it: no later job takes GPUs of that type in this round, so it starts as
-   soon as enough of them free up.
+   :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
+   plan that the cluster can hold is reserved for it: no later job takes GPUs
+   of that type in this round, so it starts as soon as enough of them free up.
 
 Invariants: only MARP-feasible plans; no GPU given twice (a placement removes
 its GPUs from the free index); tp inside one peer; deterministic (sorting
@@ -101,8 +99,7 @@ GAMMA_ALONE = 0.25
 MEMORY_SLACK = 0.15
 """A smaller-memory type is preferred when its plan costs at most this much more."""
 STARVATION_S = 2 * 3600.0
-"""Time in the queue (since arrival or the last preemption) after which a job goes first and, if it
-still cannot start, gets its GPU type reserved."""
+"""Queue time after which the head job gets its GPU type reserved."""
 GROW_MIN_GAIN = 0.2
 """With nobody waiting, a running job moves onto idle GPUs only if it then ends ≥ 20 % sooner."""
 GROW_WHEN_BLOCKED = True
@@ -393,18 +390,12 @@ class FrenzyPolicy:
         # Per type: its peers fullest first (built on first use, kept sorted as GPUs are taken).
         fullest_of: dict[str, list[tuple[int, str]]] = {}
         shapes = {j.job_id: self._shape(j) for j in snapshot.queued}
-        starving = now - STARVATION_S
         order = sorted(
             snapshot.queued,
             key=lambda j: (
-                (0, j.waiting_since_s, 0.0, j.job_id)  # waited too long: longest waiter first
-                if j.waiting_since_s < starving
-                else (
-                    1,
-                    j.remaining_steps * shapes[j.job_id].fastest - AGING * (now - j.arrival_s),
-                    j.arrival_s,
-                    j.job_id,
-                )
+                j.remaining_steps * shapes[j.job_id].fastest - AGING * (now - j.arrival_s),
+                j.arrival_s,
+                j.job_id,
             ),
         )
         reserved: set[str] = set()
@@ -503,7 +494,7 @@ class FrenzyPolicy:
                     continue
             if len(wanted) < len(free_n):  # types a waiting job could use: not for growing
                 wanted.update(t for t, _ in shape.smallest)
-            if i == 0 and job.waiting_since_s < starving:
+            if i == 0 and now - job.arrival_s > STARVATION_S:
                 total = self._type_totals(cluster)
                 for _, plan in shape.ranking(gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):

@@ -96,12 +96,6 @@ class JobView:
     service_s: tuple[tuple[str, float], ...] = ()
     global_batch: int = 1
     """Sequences per optimizer step (the declared work is ``total_steps × global_batch``)."""
-    queued_since_s: float | None = None
-    """When the job last entered the queue (its arrival, or its last preemption or failure); None: arrival."""
-
-    @property
-    def waiting_since_s(self) -> float:
-        return self.arrival_s if self.queued_since_s is None else self.queued_since_s
 
     @property
     def restart_cost_s(self) -> float:

@@ -73,7 +73,6 @@ class _State:
     last_update_s: float = 0.0
     version: int = 0
     service: dict[str, float] = field(default_factory=dict)
-    queued_s: float = 0.0  # when it last entered the queue
 
     def view(self) -> JobView:
         return JobView(
@@ -87,7 +86,6 @@ class _State:
             restarts=max(0, self.placements - 1),
             service_s=tuple(sorted(self.service.items())),
             global_batch=self.job.global_batch,
-            queued_since_s=self.queued_s,
         )
 
 
@@ -165,7 +163,6 @@ def simulate(
             advance(st, t)
             release(st, t)
             st.status = "queued"
-            st.queued_s = t
             queue.append(jid)
             changed = True
         queue.sort(key=lambda j: (states[j].job.arrival_s, j))
@@ -235,13 +232,11 @@ def simulate(
                 else:
                     st.requested *= 2
                     st.status = "queued"
-                    st.queued_s = now
                     queue.append(jid)
         while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_s <= now + _EPS:
             j = arrivals[next_arrival]
             next_arrival += 1
             states[j.job_id].status = "queued"
-            states[j.job_id].queued_s = j.arrival_s
             queue.append(j.job_id)
             event = True
             if reason == "round":

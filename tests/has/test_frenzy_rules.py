@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.has import frenzy
@@ -167,21 +166,3 @@ def test_a_much_longer_job_yields_fast_gpus_when_the_free_ones_are_much_slower()
     # Control: long has under SHRINK_RATIO x the short job's time left: nobody yields.
     d = FrenzyPolicy().decide(quiet_case(3.0, 3_000.0), random.Random(0))
     assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
-
-
-def requeued_case(waited_s: float) -> Snapshot:
-    """A long job stopped ``waited_s`` ago (it arrived hours before) and a new short job; room for one."""
-    cluster, gpus = one_peer()
-    now = 20 * 3600.0
-    long = replace(job("long", 0.0, (plan(4, 1.0),), remaining=50_000.0), queued_since_s=now - waited_s)
-    short = job("short", now - 60.0, (plan(4, 1.0),), remaining=500.0)
-    return Snapshot(now, "arrival", cluster, gpus, (long, short), ())
-
-
-def test_a_job_waiting_past_the_starvation_bound_goes_first() -> None:
-    # Requeued (stopped) long enough ago: it goes ahead of the shorter job, whatever its remaining work.
-    d = FrenzyPolicy().decide(requeued_case(frenzy.STARVATION_S + 60.0), random.Random(0))
-    assert [p.job_id for p in d.placements] == ["long"]
-    # Control: stopped recently (though it arrived 20 h ago): shortest remaining time first.
-    d = FrenzyPolicy().decide(requeued_case(frenzy.STARVATION_S - 60.0), random.Random(0))
-    assert [p.job_id for p in d.placements] == ["short"]
