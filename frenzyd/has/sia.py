@@ -76,6 +76,11 @@ def configurations(cluster: Cluster) -> list[Config]:
     return out
 
 
+def _same_config(a: Plan, b: Plan) -> bool:
+    """Sia's configuration: GPU type and count (the plan inside it may differ)."""
+    return (a.gpu_type, a.gpus) == (b.gpu_type, b.gpus)
+
+
 class SiaPolicy:
     """Sia's ILP policy (see module docstring); ``time_limit_s`` caps each HiGHS solve."""
 
@@ -215,15 +220,7 @@ class SiaPolicy:
         for i, job in enumerate(jobs):
             run = running.get(job.job_id)
             pick = chosen.get(i)
-            if (
-                run is not None
-                and pick is not None
-                and (pick[1].gpu_type, pick[1].gpus)
-                == (
-                    run.plan.gpu_type,
-                    run.plan.gpus,
-                )
-            ):
+            if run is not None and pick is not None and _same_config(pick[1], run.plan):
                 keep.add(job.job_id)
                 continue
             if run is not None:
