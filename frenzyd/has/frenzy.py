@@ -63,8 +63,11 @@ count, a type's buckets sorted only when a shrink looks at it, merged
 lazily so a blocked job visits only donors big enough); per plan set
 (shared by every job of one model, sequence and batch) the fastest step
 and the plans grouped by type, computed once and kept on the policy
-object; each type's peers sorted fullest first once per round and kept
-sorted by bisection as GPUs are taken (best fit and fullest first read it);
+object; a plan set that found no type with enough free GPUs is not scanned
+again in the round (free GPUs only go in the queue pass, until a shrink
+hands some back); each type's peers sorted fullest first once per round and
+kept sorted by bisection as GPUs are taken (best fit and fullest first read
+it, a placement replaces only the lists of the peers it takes from);
 at most :data:`SHRINK_TRIES` shrink attempts and :data:`GROW_TRIES` growth
 candidates; no solver.
 """
@@ -74,7 +77,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
-from collections.abc import Iterable
 from typing import NamedTuple
 
 from frenzyd.has.interface import (
@@ -86,7 +88,6 @@ from frenzyd.has.interface import (
     RunningJob,
     Snapshot,
     pick_packed,
-    take_in_order,
 )
 from frenzyd.marp.spec import Plan
 
@@ -114,15 +115,16 @@ SHRINK_MIN_RUN_S = 120.0
 """A donor must have run this long since its last (re)start: no thrashing."""
 
 
-def _peers_needed(counts_desc: Iterable[int], n: int, tp: int) -> int:
+def _peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
     """Peers :func:`pick_packed` spans for ``n`` GPUs over several peers (fullest first); 0: impossible.
 
-    ``counts_desc``: free GPUs per peer of one type, descending.  The same
-    count as picking the GPUs, without building the lists: O(peers used).
+    ``fullest``: (-free GPUs, peer) per peer of one type, fullest first.  The
+    same count as picking the GPUs, without building the lists: O(peers used).
     """
     got = 0
     used = 0
-    for c in counts_desc:
+    for neg, _ in fullest:
+        c = -neg
         take = min((c // tp) * tp, n - got)
         take = (take // tp) * tp
         if take <= 0:
@@ -145,36 +147,66 @@ def _neg_count(entry: tuple[int, str]) -> int:
     return entry[0]
 
 
+class _Chunk(NamedTuple):
+    """What one placement takes from one peer: the peer's free GPUs before, the ones taken, the rest."""
+
+    peer: str
+    had: int
+    taken: list[Gpu]
+    rest: list[Gpu]
+
+
 def _pick_ordered(
     by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], n: int, tp: int
-) -> list[Gpu] | None:
-    """:func:`pick_packed`'s choice, using the type's peers kept fullest first (no scan of every peer).
+) -> list[_Chunk] | None:
+    """:func:`pick_packed`'s choice, per peer, from the type's peers kept fullest first (no scan of all).
 
     Best fit: among the peers holding ``n`` (a prefix of ``fullest``) the one
-    with fewest free GPUs, ties by name; else fullest peers first.
+    with fewest free GPUs, ties by name; else fullest peers first (lowest
+    indices first, whole tp groups: :func:`take_in_order`).
     """
     if fullest and -fullest[0][0] >= n:
         last = bisect.bisect_right(fullest, -n, key=_neg_count) - 1  # the last peer that holds n
-        first = bisect.bisect_left(fullest, fullest[last][0], key=_neg_count)  # its count's first name
-        return sorted(by_peer[fullest[first][1]])[:n]
-    return take_in_order(by_peer, (p for neg, p in fullest if -neg >= tp), n, tp)
+        # The first name among the peers with that count:
+        neg, peer = fullest[bisect.bisect_left(fullest, fullest[last][0], key=_neg_count)]
+        gs = sorted(by_peer[peer])
+        return [_Chunk(peer, -neg, gs[:n], gs[n:])]
+    chunks: list[_Chunk] = []
+    got = 0
+    for neg, peer in fullest:
+        if -neg < tp:
+            break  # fullest first: no later peer holds a whole tp group
+        take = (min(-neg, n - got) // tp) * tp
+        gs = sorted(by_peer[peer])
+        chunks.append(_Chunk(peer, -neg, gs[:take], gs[take:]))
+        got += take
+        if got == n:
+            return chunks
+    return None
 
 
-def _take(by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], gpus: list[Gpu]) -> None:
-    """Remove ``gpus`` from a type's free GPUs, keeping ``fullest`` sorted (a peer left empty is dropped)."""
-    per: dict[str, list[Gpu]] = {}
-    for g in gpus:
-        per.setdefault(g.peer, []).append(g)
-    for peer, mine in per.items():
-        gs = by_peer[peer]
-        k = len(gs)
-        del fullest[bisect.bisect_left(fullest, (-k, peer))]
-        if len(mine) == k:
+def _take(by_peer: dict[str, list[Gpu]], fullest: list[tuple[int, str]], chunks: list[_Chunk]) -> None:
+    """Remove a placement's GPUs from a type's free GPUs, keeping ``fullest`` sorted (empty peers dropped)."""
+    for peer, had, _, rest in chunks:
+        del fullest[bisect.bisect_left(fullest, (-had, peer))]
+        if rest:
+            by_peer[peer] = rest
+            bisect.insort(fullest, (-len(rest), peer))
+        else:
             del by_peer[peer]
-            continue
-        for g in mine:
-            gs.remove(g)
-        bisect.insort(fullest, (len(mine) - k, peer))
+
+
+def _remove_free(by_peer: dict[str, list[Gpu]], gpus: list[Gpu]) -> None:
+    """Remove ``gpus`` (all free, of one type) from a type's free GPUs; a peer left empty is dropped."""
+    per: dict[str, set[Gpu]] = {}
+    for g in gpus:
+        per.setdefault(g.peer, set()).add(g)
+    for peer, mine in per.items():
+        rest = [g for g in by_peer[peer] if g not in mine]
+        if rest:
+            by_peer[peer] = rest
+        else:
+            del by_peer[peer]
 
 
 class _Shape:
@@ -184,7 +216,7 @@ class _Shape:
 
     def __init__(self, plans: tuple[Plan, ...]) -> None:
         self.plans = plans
-        self.fastest = min((p.step_time_s for p in plans), default=float("inf"))  # packed step time
+        self.fastest = min([p.step_time_s for p in plans], default=float("inf"))  # packed step time
         self._groups: tuple[tuple[str, int, tuple[Plan, ...]], ...] | None = None
         self._ranked: dict[float, tuple[tuple[float, Plan], ...]] = {}
         self._preferred: dict[str, int] | None = None
@@ -199,15 +231,17 @@ class _Shape:
         """
         if self._groups is None:
             by_type: dict[str, list[Plan]] = {}
+            least: dict[str, int] = {}
             for p in self.plans:
-                same = by_type.get(p.gpu_type)
+                t = p.gpu_type
+                same = by_type.get(t)
                 if same is None:
-                    by_type[p.gpu_type] = [p]
+                    by_type[t] = [p]
+                    least[t] = p.gpus
                 else:
                     same.append(p)
-            self._groups = tuple(
-                (t, min(p.gpus for p in by_type[t]), tuple(by_type[t])) for t in sorted(by_type)
-            )
+                    least[t] = min(least[t], p.gpus)
+            self._groups = tuple((t, least[t], tuple(by_type[t])) for t in sorted(by_type))
         return self._groups
 
     @property
@@ -403,11 +437,18 @@ class FrenzyPolicy:
         placements: list[Placement] = []
         preemptions: list[str] = []
 
+        # Plan sets for which no type had enough free GPUs (or not in whole tp groups on its peers).
+        # Free GPUs only go in the queue pass and reservations only grow, so such a set stays stuck
+        # for the round's later jobs, which then skip the scan, until a shrink hands GPUs back.
+        stuck: set[int] = set()
+        room = any(n > 0 for n in free_n.values())  # an unreserved type has a free GPU (kept current)
+
         def took(pair: tuple[str | None, list[Placement]] | None) -> bool:
             """Apply a shrink's outcome (a stopped donor, the moves); False when it found none."""
             if pair is None:
                 return False
             fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
+            stuck.clear()  # ... and may have freed more than it took
             stopped, places = pair
             preemptions.extend(() if stopped is None else (stopped,))
             placements.extend(places)
@@ -417,7 +458,7 @@ class FrenzyPolicy:
         left = len(order)
         for i, job in enumerate(order):
             left -= 1
-            if shrink_tries <= 0 and not any(n > 0 for t, n in free_n.items() if t not in reserved):
+            if shrink_tries <= 0 and not room:
                 break
             gamma = GAMMA if left > 0 else GAMMA_ALONE
             shape = shapes[job.job_id]
@@ -427,7 +468,7 @@ class FrenzyPolicy:
             per_type: list[tuple[float, int, Plan]] = []
             best = float("inf")
             scale = _powers(gamma)
-            for t, least, of_type in shape.groups:
+            for t, least, of_type in () if id(shape) in stuck else shape.groups:
                 n_free = free_n.get(t, 0)
                 if n_free < least or t in reserved:
                     continue
@@ -446,7 +487,7 @@ class FrenzyPolicy:
                     if cost > best_c or (cost == best_c and n > best_n):
                         continue  # cannot win: the real cost is at least the packed one
                     if n > biggest:  # not on one peer: the real cost, over the peers it would span
-                        peers = _peers_needed((-neg for neg, _ in fullest), n, plan.tp)
+                        peers = _peers_needed(fullest, n, plan.tp)
                         if peers == 0:
                             continue
                         cost = job.speed.step_time_s(plan, speeds[t], peers) * n**gamma
@@ -476,20 +517,26 @@ class FrenzyPolicy:
                     if better:
                         shrink_tries -= 1
                         if took(self._shrink_for(job, better, ctx, beat_s=t_free)):
+                            room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                             placed_queued += 1
                             continue
                 t = choice.gpu_type
-                gpus = _pick_ordered(free[t], fullest_of[t], choice.gpus, choice.tp)
-                if gpus is None:  # cannot happen: the peer counts said so; keep the invariant explicit
+                chunks = _pick_ordered(free[t], fullest_of[t], choice.gpus, choice.tp)
+                if chunks is None:  # cannot happen: the peer counts said so; keep the invariant explicit
                     continue
-                _take(free[t], fullest_of[t], gpus)
+                _take(free[t], fullest_of[t], chunks)
+                gpus = [g for c in chunks for g in c.taken]
                 free_n[t] -= len(gpus)
+                if free_n[t] == 0:
+                    room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                 placements.append(Placement(job.job_id, choice, tuple(gpus)))
                 placed_queued += 1
                 continue
+            stuck.add(id(shape))
             if shrink_tries > 0:
                 shrink_tries -= 1
                 if took(self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)):
+                    room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                     placed_queued += 1
                     continue
             if len(wanted) < len(free_n):  # types a waiting job could use: not for growing
@@ -499,6 +546,7 @@ class FrenzyPolicy:
                 for _, plan in shape.ranking(gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):
                         reserved.add(plan.gpu_type)
+                        room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                         break
         if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
             idle = {t: n for t, n in free_n.items() if t not in wanted and t not in reserved}
@@ -636,7 +684,7 @@ class FrenzyPolicy:
             restart = job.restart_cost_s
             target = now_left * (1.0 - GROW_MIN_GAIN)
             # Per type: free GPUs per peer, descending (the job's own GPUs count as free on its type).
-            counts: dict[str, list[int]] = {}
+            counts: dict[str, list[tuple[int, str]]] = {}
             # The plan that ends the job soonest (ties: faster packed step, type, GPU count), over the
             # types it could use now; the packed bound skips the speed model for plans that cannot win.
             best_key: tuple[float, float, str, int] | None = None
@@ -660,9 +708,9 @@ class FrenzyPolicy:
                         if own:
                             for g in run.gpus:
                                 by_peer[g.peer] = by_peer.get(g.peer, 0) + 1
-                        per_peer = counts[t] = sorted(by_peer.values(), reverse=True)
+                        per_peer = counts[t] = sorted([(-c, peer) for peer, c in by_peer.items()])
                     # As pick_packed: one peer when one holds it (tp groups then fit), else fullest first.
-                    peers = 1 if per_peer and per_peer[0] >= n else _peers_needed(per_peer, n, plan.tp)
+                    peers = 1 if per_peer and -per_peer[0][0] >= n else _peers_needed(per_peer, n, plan.tp)
                     if peers == 0:
                         continue
                     left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
@@ -673,10 +721,11 @@ class FrenzyPolicy:
             picked: tuple[float, Plan, list[Gpu]] | None = None
             if best is not None:
                 t = best[1].gpu_type
-                pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
-                if t == run.plan.gpu_type:
+                pool = free.get(t, {})  # pick_packed only reads it
+                if t == run.plan.gpu_type:  # its own GPUs count as free: a copy, new lists for their peers
+                    pool = dict(pool)
                     for g in run.gpus:
-                        pool.setdefault(g.peer, []).append(g)
+                        pool[g.peer] = [*pool.get(g.peer, ()), g]
                 chosen = pick_packed(pool, best[1].gpus, best[1].tp)
                 if chosen is not None:  # always: the counts above said so
                     picked = (best[0], best[1], chosen)
@@ -686,10 +735,8 @@ class FrenzyPolicy:
                 t = best3[1].gpu_type
                 mine = set(run.gpus)
                 taken = set(best3[2])
-                for g in best3[2]:
-                    if g not in mine:
-                        free[t][g.peer].remove(g)
-                        free_n[t] -= 1
+                _remove_free(free[t], [g for g in best3[2] if g not in mine])
+                free_n[t] -= len(taken - mine)
                 for g in run.gpus:
                     if g not in taken:
                         free.setdefault(g.gpu_type, {}).setdefault(g.peer, []).append(g)

@@ -54,10 +54,16 @@ def test_sorted_peer_index_picks_as_pick_packed_and_stays_sorted(
     for ask, tp in asks:
         n = -(-ask // tp) * tp
         expected = pick_packed({p: list(gs) for p, gs in by_peer.items()}, n, tp)
-        got = _pick_ordered(by_peer, fullest, n, tp)
+        before = {p: set(gs) for p, gs in by_peer.items()}
+        chunks = _pick_ordered(by_peer, fullest, n, tp)
+        got = None if chunks is None else [g for c in chunks for g in c.taken]
         assert got == expected
-        if got is not None:
-            _take(by_peer, fullest, got)
+        if chunks is not None:
+            for c in chunks:  # each chunk: one peer's free GPUs before, split into taken and the rest
+                assert c.had == len(before[c.peer])
+                assert set(c.taken) | set(c.rest) == before[c.peer]
+            _take(by_peer, fullest, chunks)
             assert fullest == _fullest_first(by_peer)
             assert all(by_peer.values()), "a peer left with no free GPU is dropped"
-            assert not set(got) & {g for gs in by_peer.values() for g in gs}
+            left_free = {g for gs in by_peer.values() for g in gs}
+            assert left_free == {g for gs in before.values() for g in gs} - set(got)
