@@ -212,7 +212,7 @@ def _remove_free(by_peer: dict[str, list[Gpu]], gpus: list[Gpu]) -> None:
 class _Shape:
     """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
 
-    __slots__ = ("_desc", "_groups", "_preferred", "_ranked", "fastest", "plans")
+    __slots__ = ("_desc", "_groups", "_preferred", "_ranked", "_types", "fastest", "plans")
 
     def __init__(self, plans: tuple[Plan, ...]) -> None:
         self.plans = plans
@@ -221,6 +221,7 @@ class _Shape:
         self._ranked: dict[float, tuple[tuple[float, Plan], ...]] = {}
         self._preferred: dict[str, int] | None = None
         self._desc: dict[str, tuple[Plan, ...]] = {}
+        self._types: frozenset[str] | None = None
 
     @property
     def groups(self) -> tuple[tuple[str, int, tuple[Plan, ...]], ...]:
@@ -245,9 +246,11 @@ class _Shape:
         return self._groups
 
     @property
-    def smallest(self) -> tuple[tuple[str, int], ...]:
-        """(type, fewest GPUs of any plan of that type), by type name."""
-        return tuple((t, n) for t, n, _ in self.groups)
+    def types(self) -> frozenset[str]:
+        """The GPU types the plan set has a plan on."""
+        if self._types is None:
+            self._types = frozenset(t for t, _, _ in self.groups)
+        return self._types
 
     def most_gpus_first(self, gpu_type: str) -> tuple[Plan, ...]:
         """The plans of ``gpu_type``, most GPUs first (at most one per count)."""
@@ -539,8 +542,7 @@ class FrenzyPolicy:
                     room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                     placed_queued += 1
                     continue
-            if len(wanted) < len(free_n):  # types a waiting job could use: not for growing
-                wanted.update(t for t, _ in shape.smallest)
+            wanted |= shape.types  # types a waiting job could use: not for growing
             if i == 0 and now - job.arrival_s > STARVATION_S:
                 total = self._type_totals(cluster)
                 for _, plan in shape.ranking(gamma):
