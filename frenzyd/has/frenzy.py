@@ -45,17 +45,25 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    sum of completion times; no tuned constant).  This is what keeps a short
    job off slow GPUs while a far longer job holds the fast ones.  The
    attempts share the :data:`SHRINK_TRIES` budget.
-7. **Reserve against starvation**: when the head job has waited longer than
-   :data:`STARVATION_S` and still cannot start, the GPU type of its cheapest
-   plan that the cluster can hold is reserved for it: no later job takes GPUs
-   of that type in this round, so it starts as soon as enough of them free up.
+7. **Against starvation**: when the head job has waited longer than
+   :data:`STARVATION_S` and still cannot start, take the GPU type of its
+   cheapest plan that the cluster can hold.  If a job running there could
+   move to free GPUs of another type and end there in ``restart + m' < 2·m``
+   (``m`` its time left where it runs: about how long the head job would
+   otherwise wait for it; an exchange argument on the two completion times,
+   no tuned constant), the one that gains most moves and the head job starts
+   in its place.  Else the type is reserved for the head job: no later job
+   takes GPUs of that type in this round, so it starts as soon as enough of
+   them free up.
 
 Invariants: only MARP-feasible plans; no GPU given twice (a placement removes
 its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
 remaining time (or, grown past its preferred size, gives the extra GPUs
-back), and only after :data:`SHRINK_MIN_RUN_S` since its last start.
+back, or moves to free GPUs of another type for a starving job when that
+lowers the sum of their completion times), and only after
+:data:`SHRINK_MIN_RUN_S` since its last start.
 Cost per round: O(Q log Q + Q·K + G + R log R + P log P) for Q queued jobs, K
 plans per job, G free GPUs, R running jobs and P peers: one pass over the
 running jobs (their time left; shrink donors bucketed by type and GPU
@@ -68,8 +76,8 @@ again in the round (free GPUs only go in the queue pass, until a shrink
 hands some back); each type's peers sorted fullest first once per round and
 kept sorted by bisection as GPUs are taken (best fit and fullest first read
 it, a placement replaces only the lists of the peers it takes from);
-at most :data:`SHRINK_TRIES` shrink attempts and :data:`GROW_TRIES` growth
-candidates; no solver.
+at most :data:`SHRINK_TRIES` shrink attempts, one starvation move (over one
+type's running jobs) and :data:`GROW_TRIES` growth candidates; no solver.
 """
 
 from __future__ import annotations
@@ -547,7 +555,10 @@ class FrenzyPolicy:
                 total = self._type_totals(cluster)
                 for _, plan in shape.ranking(gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):
-                        reserved.add(plan.gpu_type)
+                        if took(self._move_for(job, plan, ctx, speeds)):
+                            placed_queued += 1
+                        else:
+                            reserved.add(plan.gpu_type)
                         room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                         break
         if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
@@ -649,6 +660,74 @@ class FrenzyPolicy:
             if donor_plan is None:
                 return r.job.job_id, [mine_placement]
             return None, [Placement(r.job.job_id, donor_plan, tuple(kept)), mine_placement]
+        return None
+
+    def _move_for(
+        self, job: JobView, plan: Plan, rnd: _Round, speeds: dict[str, float]
+    ) -> tuple[None, list[Placement]] | None:
+        """Start a starving ``job`` on ``plan``: one running job of its type moves to free GPUs of another.
+
+        Without the move ``job`` waits about as long as a holder of its type
+        runs (``m``); moved, the holder ends after its restart plus its time
+        ``m'`` on the other type's best plan.  The sum of the two completion
+        times drops when ``restart + m' < 2·m`` (an exchange argument; no
+        tuned constant).  Candidates: running jobs of the type holding at
+        least the GPUs ``plan`` still lacks, run at least
+        :data:`SHRINK_MIN_RUN_S`, not changed this round; the one that gains
+        most (ties: job id).  O(R·K) over the type's running jobs.
+        """
+        runs_on, _, moved, free, free_n, now, reserved = rnd
+        t = plan.gpu_type
+        need = plan.gpus - free_n.get(t, 0)
+        fullest_of: dict[str, list[tuple[int, str]]] = {}
+        options: list[tuple[float, str, RunningJob, Plan]] = []  # (-gain, job id, mover, its plan there)
+        for have_n, bucket in runs_on.get(t, {}).items():
+            if have_n < need:
+                continue
+            for neg_left, _, r in bucket:
+                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+                    continue
+                restart = r.job.restart_cost_s
+                budget = -2.0 * neg_left - restart  # m' must stay below 2·m − restart
+                best: tuple[float, str, RunningJob, Plan] | None = None
+                for u, least, of_type in self._shape(r.job).groups:
+                    if u == t or u in reserved or free_n.get(u, 0) < least:
+                        continue
+                    fullest = fullest_of.get(u)
+                    if fullest is None:
+                        fullest = fullest_of[u] = _fullest_first(free[u])
+                    for p in of_type:
+                        if p.gpus > free_n[u] or r.job.remaining_steps * p.step_time_s >= budget:
+                            continue  # too many GPUs, or even packed too slow
+                        peers = 1 if -fullest[0][0] >= p.gpus else _peers_needed(fullest, p.gpus, p.tp)
+                        if peers == 0:
+                            continue
+                        there = r.job.remaining_steps * r.job.speed.step_time_s(p, speeds[u], peers)
+                        if there < budget and (best is None or there - budget < best[0]):
+                            best = (there - budget, r.job.job_id, r, p)
+                if best is not None:
+                    options.append(best)
+        for _, _, r, there_plan in sorted(options, key=lambda o: (o[0], o[1])):  # most gain first
+            pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
+            for g in r.gpus:
+                pool.setdefault(g.peer, []).append(g)
+            mine = pick_packed(pool, plan.gpus, plan.tp)
+            theirs = pick_packed(free[there_plan.gpu_type], there_plan.gpus, there_plan.tp)
+            if mine is None or theirs is None:  # the freed GPUs do not hold the plan in whole tp groups
+                continue
+            u = there_plan.gpu_type
+            moved.add(r.job.job_id)
+            _remove_free(free[u], theirs)
+            free_n[u] -= len(theirs)
+            for g in r.gpus:
+                free.setdefault(t, {}).setdefault(g.peer, []).append(g)
+            free_n[t] = free_n.get(t, 0) + len(r.gpus)
+            _remove_free(free[t], mine)
+            free_n[t] -= len(mine)
+            return None, [
+                Placement(r.job.job_id, there_plan, tuple(theirs)),
+                Placement(job.job_id, plan, tuple(mine)),
+            ]
         return None
 
     def _grow(

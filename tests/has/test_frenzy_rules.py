@@ -166,3 +166,39 @@ def test_a_much_longer_job_yields_fast_gpus_when_the_free_ones_are_much_slower()
     # Control: long has under SHRINK_RATIO x the short job's time left: nobody yields.
     d = FrenzyPolicy().decide(quiet_case(3.0, 3_000.0), random.Random(0))
     assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
+
+
+def starving_case(waited_s: float, slow_speed: float) -> Snapshot:
+    """``holder`` runs on all 4 fast GPUs; the slower ones (speed ``slow_speed``) are free.
+
+    ``head`` has waited ``waited_s`` and fits only the fast GPUs (one 4-GPU plan);
+    ``holder`` has as much work left as ``head`` and could also run on the slower type.
+    """
+    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
+    types = (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, SMEM, slow_speed))
+    cluster = Cluster(types, fast + slow)
+    now = 10 * 3600.0
+    head = job("head", now - waited_s, (plan(4, 1.0),), remaining=20_000.0)
+    there = on_slow(4, SPEED.step_time_s(on_slow(4, 1.0), slow_speed, 1))
+    holder = job("holder", 0.0, (modelled(4), there), remaining=20_000.0)
+    step = holder.plans[0].step_time_s
+    running = (RunningJob(holder, holder.plans[0], fast, now - 3600.0, step_time_s=step),)
+    return Snapshot(now, "completion", cluster, slow, (head,), running)
+
+
+def test_a_starving_job_gets_its_type_when_a_holder_can_move_to_idle_gpus() -> None:
+    fast_speed = GPU_TYPES[TYPE].speed
+    holder_s = 20_000.0 * modelled(4).step_time_s  # its time left where it runs
+    holder_slow_s = 20_000.0 * SPEED.step_time_s(on_slow(4, 1.0), fast_speed / 1.5, 1)
+    assert SPEED.restart_cost_s + holder_slow_s < 2 * holder_s  # the exchange test holds
+    d = FrenzyPolicy().decide(starving_case(frenzy.STARVATION_S + 600.0, fast_speed / 1.5), random.Random(0))
+    moves = {p.job_id: (p.plan.gpu_type, len(p.gpus)) for p in d.placements}
+    assert moves == {"holder": (SLOW, 4), "head": (TYPE, 4)}
+    assert d.preemptions == ()
+    # Control: on GPUs 3x slower the holder would end later than head waits for it: nobody moves.
+    d = FrenzyPolicy().decide(starving_case(frenzy.STARVATION_S + 600.0, fast_speed / 3.0), random.Random(0))
+    assert d.placements == ()
+    # Control: not starving yet: the holder keeps its GPUs.
+    d = FrenzyPolicy().decide(starving_case(frenzy.STARVATION_S - 600.0, fast_speed / 1.5), random.Random(0))
+    assert d.placements == ()
