@@ -66,4 +66,5 @@ def test_sorted_peer_index_picks_as_pick_packed_and_stays_sorted(
             assert fullest == _fullest_first(by_peer)
             assert all(by_peer.values()), "a peer left with no free GPU is dropped"
             left_free = {g for gs in by_peer.values() for g in gs}
-            assert left_free == {g for gs in before.values() for g in gs} - set(got)
+            taken = {g for c in chunks for g in c.taken}
+            assert left_free == {g for gs in before.values() for g in gs} - taken

@@ -139,3 +139,32 @@ def test_frenzy_uses_the_reported_step_time_of_running_jobs(seed: int, n_jobs: i
     for r in snap.running:  # the reported figure, not the model, when the pool has one
         assert policy._placed_step_s(dataclasses.replace(r, step_time_s=7.5), speed) == 7.5
         assert policy._placed_step_s(r, speed) == modelled(r)
+
+
+def d_type(d: Decision, job_id: str) -> str:
+    """The GPU type ``d`` places ``job_id`` on."""
+    return next(p.plan.gpu_type for p in d.placements if p.job_id == job_id)
+
+
+def test_frenzy_decisions_stay_valid_when_the_queue_starves() -> None:
+    """Three hours later every queued job is past STARVATION_S: reservations and starvation moves run.
+
+    Seeded sweep rather than hypothesis: the move needs a holder that fits idle GPUs of another type,
+    which few random snapshots have; the sweep is checked to contain such moves.
+    """
+    moves = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        cluster = make_cluster(rng, peers=rng.randint(1, 6))
+        snap = random_snapshot(rng, cluster, make_jobs(rng, cluster, rng.randint(1, 25)))
+        late = dataclasses.replace(snap, now_s=snap.now_s + 3 * 3600.0)
+        d = FrenzyPolicy().decide(late, random.Random(7))
+        check_valid(late, d)
+        assert d == FrenzyPolicy().decide(late, random.Random(7))
+        # A starvation move: a running job goes to another type and a queued job gets its old GPUs.
+        running = {r.job.job_id: r for r in late.running}
+        queued = {j.job_id for j in late.queued}
+        moved = [p.job_id for p in d.placements if p.job_id in running]
+        given_up = {g for jid in moved for g in running[jid].gpus if g.gpu_type != d_type(d, jid)}
+        moves += any(p.job_id in queued and set(p.gpus) & given_up for p in d.placements)
+    assert moves > 0, "the sweep no longer exercises a starvation move"
