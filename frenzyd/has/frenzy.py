@@ -653,8 +653,7 @@ class FrenzyPolicy:
             for g in released:
                 free.setdefault(t, {}).setdefault(g.peer, []).append(g)
             free_n[t] = free_n.get(t, 0) + len(released)
-            for g in gpus:
-                free[t][g.peer].remove(g)
+            _remove_free(free[t], gpus)
             free_n[t] -= len(gpus)
             mine_placement = Placement(job.job_id, plan, tuple(gpus))
             if donor_plan is None:
