@@ -217,6 +217,29 @@ def _remove_free(by_peer: dict[str, list[Gpu]], gpus: list[Gpu]) -> None:
             del by_peer[peer]
 
 
+def _hand_over(
+    free: dict[str, dict[str, list[Gpu]]], free_n: dict[str, int], released: list[Gpu], plan: Plan
+) -> list[Gpu] | None:
+    """GPUs for ``plan`` from its type's free GPUs plus ``released`` (a running job's, given up).
+
+    When they hold it (:func:`pick_packed`), the released GPUs become free and
+    the chosen ones are taken, in ``free`` and ``free_n``; else nothing changes
+    and None is returned.
+    """
+    t = plan.gpu_type
+    pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
+    for g in released:
+        pool.setdefault(g.peer, []).append(g)
+    gpus = pick_packed(pool, plan.gpus, plan.tp)
+    if gpus is None:
+        return None
+    for g in released:
+        free.setdefault(t, {}).setdefault(g.peer, []).append(g)
+    _remove_free(free[t], gpus)
+    free_n[t] = free_n.get(t, 0) + len(released) - len(gpus)
+    return gpus
+
+
 class _Shape:
     """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
 
@@ -452,10 +475,16 @@ class FrenzyPolicy:
         # Free GPUs only go in the queue pass and reservations only grow, so such a set stays stuck
         # for the round's later jobs, which then skip the scan, until a shrink hands GPUs back.
         stuck: set[int] = set()
-        room = any(n > 0 for n in free_n.values())  # an unreserved type has a free GPU (kept current)
+
+        def room_left() -> bool:
+            """Some unreserved type has a free GPU (``room``, recomputed after every change)."""
+            return any(n > 0 for t, n in free_n.items() if t not in reserved)
+
+        room = room_left()
 
         def took(pair: tuple[str | None, list[Placement]] | None) -> bool:
-            """Apply a shrink's outcome (a stopped donor, the moves); False when it found none."""
+            """Apply a shrink's or move's outcome (a stopped donor, the moves); False when it found none."""
+            nonlocal room
             if pair is None:
                 return False
             fullest_of.clear()  # the shrink moved GPUs of a type: rebuild on next use
@@ -463,6 +492,7 @@ class FrenzyPolicy:
             stopped, places = pair
             preemptions.extend(() if stopped is None else (stopped,))
             placements.extend(places)
+            room = room_left()
             return True
 
         placed_queued = 0
@@ -528,7 +558,6 @@ class FrenzyPolicy:
                     if better:
                         shrink_tries -= 1
                         if took(self._shrink_for(job, better, ctx, beat_s=t_free)):
-                            room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                             placed_queued += 1
                             continue
                 t = choice.gpu_type
@@ -539,7 +568,7 @@ class FrenzyPolicy:
                 gpus = [g for c in chunks for g in c.taken]
                 free_n[t] -= len(gpus)
                 if free_n[t] == 0:
-                    room = any(n > 0 for t, n in free_n.items() if t not in reserved)
+                    room = room_left()
                 placements.append(Placement(job.job_id, choice, tuple(gpus)))
                 placed_queued += 1
                 continue
@@ -547,7 +576,6 @@ class FrenzyPolicy:
             if shrink_tries > 0:
                 shrink_tries -= 1
                 if took(self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)):
-                    room = any(n > 0 for t, n in free_n.items() if t not in reserved)
                     placed_queued += 1
                     continue
             wanted |= shape.types  # types a waiting job could use: not for growing
@@ -559,7 +587,7 @@ class FrenzyPolicy:
                             placed_queued += 1
                         else:
                             reserved.add(plan.gpu_type)
-                        room = any(n > 0 for t, n in free_n.items() if t not in reserved)
+                            room = room_left()
                         break
         if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
             idle = {t: n for t, n in free_n.items() if t not in wanted and t not in reserved}
@@ -641,20 +669,10 @@ class FrenzyPolicy:
             if best is None:
                 continue
             _, r, donor_plan, kept = best
-            pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
-            for g in r.gpus:
-                if g not in kept:
-                    pool.setdefault(g.peer, []).append(g)
-            gpus = pick_packed(pool, plan.gpus, plan.tp)
+            gpus = _hand_over(free, free_n, [g for g in r.gpus if g not in kept], plan)
             if gpus is None:
                 continue
             moved.add(r.job.job_id)
-            released = [g for g in r.gpus if g not in kept]
-            for g in released:
-                free.setdefault(t, {}).setdefault(g.peer, []).append(g)
-            free_n[t] = free_n.get(t, 0) + len(released)
-            _remove_free(free[t], gpus)
-            free_n[t] -= len(gpus)
             mine_placement = Placement(job.job_id, plan, tuple(gpus))
             if donor_plan is None:
                 return r.job.job_id, [mine_placement]
@@ -707,22 +725,16 @@ class FrenzyPolicy:
                 if best is not None:
                     options.append(best)
         for _, _, r, there_plan in sorted(options, key=lambda o: (o[0], o[1])):  # most gain first
-            pool = {peer: list(gs) for peer, gs in free.get(t, {}).items()}
-            for g in r.gpus:
-                pool.setdefault(g.peer, []).append(g)
-            mine = pick_packed(pool, plan.gpus, plan.tp)
-            theirs = pick_packed(free[there_plan.gpu_type], there_plan.gpus, there_plan.tp)
-            if mine is None or theirs is None:  # the freed GPUs do not hold the plan in whole tp groups
-                continue
             u = there_plan.gpu_type
+            theirs = pick_packed(free[u], there_plan.gpus, there_plan.tp)
+            if theirs is None:  # cannot happen: the peer count said so
+                continue
+            mine = _hand_over(free, free_n, list(r.gpus), plan)
+            if mine is None:  # the freed GPUs do not hold the plan in whole tp groups
+                continue
             moved.add(r.job.job_id)
             _remove_free(free[u], theirs)
             free_n[u] -= len(theirs)
-            for g in r.gpus:
-                free.setdefault(t, {}).setdefault(g.peer, []).append(g)
-            free_n[t] = free_n.get(t, 0) + len(r.gpus)
-            _remove_free(free[t], mine)
-            free_n[t] -= len(mine)
             return None, [
                 Placement(r.job.job_id, there_plan, tuple(theirs)),
                 Placement(job.job_id, plan, tuple(mine)),
