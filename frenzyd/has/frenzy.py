@@ -55,15 +55,25 @@ Algorithm, per scheduling round (an arrival, a completion, a failure):
    in its place.  Else the type is reserved for the head job: no later job
    takes GPUs of that type in this round, so it starts as soon as enough of
    them free up.
+8. **Upgrade onto freed fast GPUs** (before the queue pass): a running job
+   on a slow type moves to free GPUs of a faster type when
+   ``2·(m' + restart) < m`` (``m`` its time left where it runs, ``m'`` on
+   the new plan: the waiting job that would have taken those GPUs is
+   delayed by about ``m' + restart``, the mover gains ``m − m' − restart``;
+   the yield rule's exchange argument from the running job's side) and
+   ``m'`` is below every waiting job's time on that type (shortest
+   remaining time first; aged as the queue order).  Its old GPUs serve the
+   queue pass.  For the :data:`UPGRADE_TRIES` such jobs with most time left.
 
 Invariants: only MARP-feasible plans; no GPU given twice (a placement removes
 its GPUs from the free index); tp inside one peer; deterministic (sorting
 keys end with the job id; no randomness used); a running job is only
 re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
 remaining time (or, grown past its preferred size, gives the extra GPUs
-back, or moves to free GPUs of another type for a starving job when that
-lowers the sum of their completion times), and only after
-:data:`SHRINK_MIN_RUN_S` since its last start.
+back, or moves to free GPUs of another type for a starving job, or onto
+free GPUs of a faster type ahead of longer waiting jobs, when that lowers
+the sum of the completion times), and only after :data:`SHRINK_MIN_RUN_S`
+since its last start.
 Cost per round: O(Q log Q + Q·K + G + R log R + P log P) for Q queued jobs, K
 plans per job, G free GPUs, R running jobs and P peers: one pass over the
 running jobs (their time left; shrink donors bucketed by type and GPU
@@ -77,7 +87,11 @@ hands some back); each type's peers sorted fullest first once per round and
 kept sorted by bisection as GPUs are taken (best fit and fullest first read
 it, a placement replaces only the lists of the peers it takes from);
 at most :data:`SHRINK_TRIES` shrink attempts, one starvation move (over one
-type's running jobs) and :data:`GROW_TRIES` growth candidates; no solver.
+type's running jobs), :data:`UPGRADE_TRIES` upgrade candidates (the running
+jobs on types slower than the fastest free one, in a heap; each type's scan
+of the queue for a shorter waiting job stops at the first key past the
+mover's time and resumes there) and :data:`GROW_TRIES` growth candidates; no
+solver.
 """
 
 from __future__ import annotations
@@ -85,6 +99,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
+from itertools import groupby
+from operator import attrgetter
 from typing import NamedTuple
 
 from frenzyd.has.interface import (
@@ -121,6 +137,8 @@ SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
 SHRINK_MIN_RUN_S = 120.0
 """A donor must have run this long since its last (re)start: no thrashing."""
+UPGRADE_TRIES = 4
+"""Running jobs (most time left first) considered per round for a move onto free GPUs of a faster type."""
 
 
 def _peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
@@ -149,6 +167,9 @@ def _peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
 def _fullest_first(by_peer: dict[str, list[Gpu]]) -> list[tuple[int, str]]:
     """(-free GPUs, peer) for every peer with a free GPU of one type: fullest first, ties by name."""
     return sorted([(-len(gs), p) for p, gs in by_peer.items() if gs])
+
+
+_peer_and_type = attrgetter("peer", "gpu_type")
 
 
 def _neg_count(entry: tuple[int, str]) -> int:
@@ -243,7 +264,17 @@ def _hand_over(
 class _Shape:
     """What Frenzy derives from one plan set: grouped once, everything else computed on first use."""
 
-    __slots__ = ("_desc", "_groups", "_preferred", "_ranked", "_types", "fastest", "plans")
+    __slots__ = (
+        "_asc_step",
+        "_desc",
+        "_fastest_on",
+        "_groups",
+        "_preferred",
+        "_ranked",
+        "_types",
+        "fastest",
+        "plans",
+    )
 
     def __init__(self, plans: tuple[Plan, ...]) -> None:
         self.plans = plans
@@ -253,6 +284,8 @@ class _Shape:
         self._preferred: dict[str, int] | None = None
         self._desc: dict[str, tuple[Plan, ...]] = {}
         self._types: frozenset[str] | None = None
+        self._fastest_on: dict[str, float] | None = None
+        self._asc_step: dict[str, tuple[Plan, ...]] = {}
 
     @property
     def groups(self) -> tuple[tuple[str, int, tuple[Plan, ...]], ...]:
@@ -282,6 +315,20 @@ class _Shape:
         if self._types is None:
             self._types = frozenset(t for t, _, _ in self.groups)
         return self._types
+
+    def fastest_on(self) -> dict[str, float]:
+        """Per type: the fastest packed step time of its plans (read only)."""
+        if self._fastest_on is None:
+            self._fastest_on = {t: min(p.step_time_s for p in of_type) for t, _, of_type in self.groups}
+        return self._fastest_on
+
+    def fastest_first(self, gpu_type: str) -> tuple[Plan, ...]:
+        """The plans of ``gpu_type``, fastest packed step first (ties: fewer GPUs)."""
+        asc = self._asc_step.get(gpu_type)
+        if asc is None:
+            of_type = next((g for t, _, g in self.groups if t == gpu_type), ())
+            asc = self._asc_step[gpu_type] = tuple(sorted(of_type, key=lambda p: (p.step_time_s, p.gpus)))
+        return asc
 
     def most_gpus_first(self, gpu_type: str) -> tuple[Plan, ...]:
         """The plans of ``gpu_type``, most GPUs first (at most one per count)."""
@@ -419,18 +466,19 @@ class FrenzyPolicy:
         speeds = {t.name: t.speed for t in cluster.types}
         free: dict[str, dict[str, list[Gpu]]] = {}
         free_n: dict[str, int] = {}
-        for g in snapshot.free:
-            t = g.gpu_type
+        # Runs of one peer and type (the snapshot lists GPUs by peer), grouped in C: O(G), few steps.
+        for (peer, t), run_of in groupby(snapshot.free, key=_peer_and_type):
+            gs = list(run_of)
             by_peer = free.get(t)
             if by_peer is None:
                 by_peer = free[t] = {}
                 free_n[t] = 0
-            on_peer = by_peer.get(g.peer)
+            on_peer = by_peer.get(peer)
             if on_peer is None:
-                by_peer[g.peer] = [g]
+                by_peer[peer] = gs
             else:
-                on_peer.append(g)
-            free_n[t] += 1
+                on_peer.extend(gs)
+            free_n[t] += len(gs)
         # The one O(R) pass: each running job's time left where it runs, and the shrink donors per
         # type and GPU count as (-time left, snapshot index, job), sorted on first use.
         lefts: list[tuple[float, str, RunningJob]] = []
@@ -468,7 +516,7 @@ class FrenzyPolicy:
         )
         reserved: set[str] = set()
         ctx = _Round(runs_on, donors_sorted, moved, free, free_n, now, reserved)
-        placements: list[Placement] = []
+        placements: list[Placement] = self._upgrade(lefts, order, shapes, ctx, speeds)
         preemptions: list[str] = []
 
         # Plan sets for which no type had enough free GPUs (or not in whole tp groups on its peers).
@@ -740,6 +788,141 @@ class FrenzyPolicy:
                 Placement(job.job_id, plan, tuple(mine)),
             ]
         return None
+
+    def _upgrade(
+        self,
+        lefts: list[tuple[float, str, RunningJob]],
+        order: list[JobView],
+        shapes: dict[str, _Shape],
+        rnd: _Round,
+        speeds: dict[str, float],
+    ) -> list[Placement]:
+        """Move running jobs stuck on slow GPUs onto free GPUs of a faster type that waiting jobs want.
+
+        Moving a job with ``m`` left where it runs to a plan where it needs
+        ``m'`` delays a waiting job that would have taken those GPUs by about
+        ``m' + restart``, and the mover gains ``m − m' − restart``: the sum of
+        completion times drops when ``2·(m' + restart) < m`` (the yield rule's
+        exchange argument, seen from the running job; no tuned constant).
+        Shortest remaining time first on the contested type: ``m'`` must not
+        exceed any waiting job's time on that type (its fastest plan there,
+        less its aging credit, as the queue order counts it), else that job
+        should go first and the move waits for a later event.  Types no waiting
+        job can use are left to growth.  Only onto a type faster per GPU than
+        the mover's own.  Candidates: the :data:`UPGRADE_TRIES` running jobs
+        with most time left among those on a type slower than the fastest free
+        one whose fastest plan anywhere could pass the test, run at least
+        :data:`SHRINK_MIN_RUN_S`; each moves at most once.  Runs before the
+        queue pass, so the GPUs a mover gives up serve the waiting jobs.
+        O(R + UPGRADE_TRIES·(T·Q + K)) for T types: a type's scan of the
+        queue stops at the first job whose key reaches the mover's time there
+        and resumes there for the next candidate (rarely more than a few jobs).
+        """
+        _, _, moved, free, free_n, now, _ = rnd
+        if not any(n > 0 for n in free_n.values()):
+            return []
+        # Only onto a faster type: jobs on the fastest type with a free GPU, or a faster one, stay.
+        # Of the others, the UPGRADE_TRIES with most time left among those whose fastest plan anywhere
+        # ends them within half their time left, restart included: popped from a heap, most time left
+        # first (ties: job id), until that many pass (no sort of every running job).
+        top = max(speeds[t] for t, n in free_n.items() if n > 0)
+        heap = [(-left, jid, run) for left, jid, run in lefts if speeds[run.plan.gpu_type] < top]
+        heapq.heapify(heap)
+        candidates: list[tuple[float, str, RunningJob]] = []
+        while heap and len(candidates) < UPGRADE_TRIES:
+            neg_left, jid, run = heapq.heappop(heap)
+            job = run.job
+            if now - run.started_s >= SHRINK_MIN_RUN_S and -neg_left > 2.0 * (
+                job.restart_cost_s + job.remaining_steps * self._shape(job).fastest
+            ):
+                candidates.append((-neg_left, jid, run))
+        if not candidates:
+            return []
+        # Per type: (jobs of ``order`` scanned, the least time on it found, whether one can use it).
+        scanned: dict[str, tuple[int, float, bool]] = {}
+
+        def comes_first(u: str, there: float) -> bool:
+            """Some waiting job can use type ``u`` (else: growth's case) and none would hold it for less
+            than ``there``: its time on its fastest plan there, less its aging credit.
+
+            ``order`` is sorted by that time on the job's fastest plan anywhere (a lower bound), so
+            the scan stops at the first job whose key reaches ``there``, and resumes where an earlier
+            call for the type stopped: at most Q jobs per type in the round, few for a short mover.
+            """
+            i, least, seen = scanned.get(u, (0, float("inf"), False))
+            while least >= there and i < len(order):
+                j = order[i]
+                shape = shapes[j.job_id]
+                key = j.remaining_steps * shape.fastest - AGING * (now - j.arrival_s)
+                if key >= there and seen:
+                    break
+                step = shape.fastest_on().get(u)
+                if step is not None:
+                    least = min(least, key + j.remaining_steps * (step - shape.fastest))
+                    seen = True
+                i += 1
+            scanned[u] = (i, least, seen)
+            return seen and least >= there
+
+        fullest_of: dict[str, list[tuple[int, str]]] = {}
+        moves: list[Placement] = []
+        for left, jid, run in candidates:
+            job = run.job
+            steps = job.remaining_steps
+            budget = 0.5 * left - job.restart_cost_s  # m' must stay below m/2 − restart
+            current = run.plan.gpu_type
+            shape = self._shape(job)
+            fastest_on = shape.fastest_on()
+            best: tuple[float, str, int, Plan] | None = None
+            for u, least, _ in shape.groups:
+                if speeds[u] <= speeds[current] or free_n.get(u, 0) < least:
+                    continue
+                if steps * fastest_on[u] >= budget:
+                    continue
+                # Even its fastest plan there (packed) must come before every waiting job that can use
+                # u; comes_first is monotone in the time, so this also rules out every slower plan.
+                if not comes_first(u, steps * fastest_on[u]):
+                    continue
+                fullest = fullest_of.get(u)
+                if fullest is None:
+                    fullest = fullest_of[u] = _fullest_first(free[u])
+                on_u: tuple[float, str, int, Plan] | None = None  # the best plan on u within budget
+                for p in shape.fastest_first(u):
+                    bound = steps * p.step_time_s  # packed: a lower bound of its real time
+                    if bound >= budget or (on_u is not None and bound > on_u[0]):
+                        break  # fastest first: no later plan can do better
+                    if best is not None and bound > best[0]:
+                        break
+                    if p.gpus > free_n[u]:
+                        continue
+                    peers = 1 if -fullest[0][0] >= p.gpus else _peers_needed(fullest, p.gpus, p.tp)
+                    if peers == 0:
+                        continue
+                    there = steps * job.speed.step_time_s(p, speeds[u], peers)
+                    key = (there, u, p.gpus, p)
+                    if there < budget and (on_u is None or key[:3] < on_u[:3]):
+                        on_u = key
+                # Its best plan there must come before every waiting job that can use u; if it does
+                # not, no slower plan on u does.
+                if on_u is not None and (best is None or on_u[:3] < best[:3]) and comes_first(u, on_u[0]):
+                    best = on_u
+            if best is None:
+                continue
+            plan = best[3]
+            u = plan.gpu_type
+            gpus = pick_packed(free[u], plan.gpus, plan.tp)
+            if gpus is None:  # cannot happen: the peer count said so
+                continue
+            _remove_free(free[u], gpus)
+            free_n[u] -= len(gpus)
+            for g in run.gpus:
+                free.setdefault(current, {}).setdefault(g.peer, []).append(g)
+            free_n[current] = free_n.get(current, 0) + len(run.gpus)
+            fullest_of.pop(u, None)
+            fullest_of.pop(current, None)
+            moved.add(jid)
+            moves.append(Placement(jid, plan, tuple(gpus)))
+        return moves
 
     def _grow(
         self,

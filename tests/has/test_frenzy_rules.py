@@ -202,3 +202,38 @@ def test_a_starving_job_gets_its_type_when_a_holder_can_move_to_idle_gpus() -> N
     # Control: not starving yet: the holder keeps its GPUs.
     d = FrenzyPolicy().decide(starving_case(frenzy.STARVATION_S - 600.0, fast_speed / 1.5), random.Random(0))
     assert d.placements == ()
+
+
+def upgrade_case(slow_speed: float, waiting_steps: float) -> Snapshot:
+    """``mover`` runs on the 4 slower GPUs (speed ``slow_speed``); the 4 fast ones have just come free.
+
+    ``waiting`` (``waiting_steps`` at 1 s on the 4 fast GPUs) fits only the fast type.
+    """
+    fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
+    types = (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, SMEM, slow_speed))
+    cluster = Cluster(types, fast + slow)
+    now = 10 * 3600.0
+    waiting = job("waiting", now - 5.0, (plan(4, 1.0),), remaining=waiting_steps)
+    there = on_slow(4, SPEED.step_time_s(on_slow(4, 1.0), slow_speed, 1))
+    mover = job("mover", 0.0, (modelled(4), there), remaining=20_000.0)
+    running = (RunningJob(mover, there, slow, now - 3600.0, step_time_s=there.step_time_s),)
+    return Snapshot(now, "completion", cluster, fast, (waiting,), running)
+
+
+def test_a_job_on_slow_gpus_moves_to_freed_fast_ones_when_the_sum_of_completions_drops() -> None:
+    fast_speed = GPU_TYPES[TYPE].speed
+    m_fast = 20_000.0 * modelled(4).step_time_s
+    m_slow = 20_000.0 * SPEED.step_time_s(on_slow(4, 1.0), fast_speed / 3.0, 1)
+    assert 2 * (m_fast + SPEED.restart_cost_s) < m_slow  # the exchange test holds on 3x slower GPUs
+    assert m_fast < 1_000_000.0  # ... and the mover is the shorter job on the fast type
+    d = FrenzyPolicy().decide(upgrade_case(fast_speed / 3.0, 1_000_000.0), random.Random(0))
+    moves = {p.job_id: (p.plan.gpu_type, len(p.gpus)) for p in d.placements}
+    assert moves == {"mover": (TYPE, 4)}  # ``waiting`` fits only the fast type: it waits
+    assert d.preemptions == ()
+    # Control: on GPUs only 1.5x slower the mover gains less than it would delay the waiting job.
+    d = FrenzyPolicy().decide(upgrade_case(fast_speed / 1.5, 1_000_000.0), random.Random(0))
+    assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("waiting", TYPE)]
+    # Control: the waiting job is the shorter one on the fast type (shortest remaining time first).
+    d = FrenzyPolicy().decide(upgrade_case(fast_speed / 3.0, 100.0), random.Random(0))
+    assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("waiting", TYPE)]
