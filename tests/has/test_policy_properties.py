@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simcase import make_cluster, make_jobs, random_snapshot
 
+from frenzyd.has import frenzy
 from frenzyd.has.frenzy import FrenzyPolicy
-from frenzyd.has.interface import Decision, RunningJob, Snapshot, tp_inside_peers
+from frenzyd.has.interface import Decision, RunningJob, Snapshot, peers_of, tp_inside_peers
 from frenzyd.has.registry import BUILTIN, load_policy
 from frenzyd.sim.simulator import simulate
 
@@ -146,12 +147,14 @@ def d_type(d: Decision, job_id: str) -> str:
     return next(p.plan.gpu_type for p in d.placements if p.job_id == job_id)
 
 
-def test_frenzy_decisions_stay_valid_when_the_queue_starves() -> None:
+def test_frenzy_decisions_stay_valid_when_the_queue_starves(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three hours later every queued job is past STARVATION_S: reservations and starvation moves run.
 
     Seeded sweep rather than hypothesis: the move needs a holder that fits idle GPUs of another type,
-    which few random snapshots have; the sweep is checked to contain such moves.
+    which few random snapshots have; the sweep is checked to contain such moves.  The upgrade onto
+    faster free GPUs is off here, so the moves counted are starvation moves.
     """
+    monkeypatch.setattr(frenzy, "UPGRADE_TRIES", 0)
     moves = 0
     for seed in range(300):
         rng = random.Random(seed)
@@ -168,3 +171,47 @@ def test_frenzy_decisions_stay_valid_when_the_queue_starves() -> None:
         given_up = {g for jid in moved for g in running[jid].gpus if g.gpu_type != d_type(d, jid)}
         moves += any(p.job_id in queued and set(p.gpus) & given_up for p in d.placements)
     assert moves > 0, "the sweep no longer exercises a starvation move"
+
+
+def test_frenzy_moves_a_running_job_to_a_faster_type_only_when_the_sum_of_completions_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every running job the upgrade moves goes to a faster type and passes ``2·(m' + restart) < m``.
+
+    Each snapshot is the moment the jobs on the fastest type complete (their GPUs come free).
+    Growth and the starvation move are off, so a running job placed on another type is an upgrade.
+    Seeded sweep: such moves need a job on slow GPUs that is shorter than every waiting job that can
+    use the freed type, which few random snapshots have; the sweep is checked to contain some.
+    """
+    monkeypatch.setattr(frenzy, "GROW_TRIES", 0)
+    monkeypatch.setattr(frenzy, "STARVATION_S", float("inf"))
+    upgrades = 0
+    for seed in range(2000):
+        rng = random.Random(seed)
+        cluster = make_cluster(rng, peers=rng.randint(1, 6))
+        snap = random_snapshot(rng, cluster, make_jobs(rng, cluster, rng.randint(1, 25)))
+        speeds = {t.name: t.speed for t in cluster.types}
+        done = [r for r in snap.running if speeds[r.plan.gpu_type] == max(speeds.values())]
+        snap = dataclasses.replace(
+            snap,
+            now_s=snap.now_s + 600.0,
+            reason="completion",
+            free=tuple(sorted({*snap.free, *(g for r in done for g in r.gpus)})),
+            running=tuple(r for r in snap.running if r not in done),
+        )
+        d = FrenzyPolicy().decide(snap, random.Random(7))
+        check_valid(snap, d)
+        running = {r.job.job_id: r for r in snap.running}
+        for p in d.placements:
+            r = running.get(p.job_id)
+            if r is None or p.plan.gpu_type == r.plan.gpu_type:
+                continue
+            new, old = p.plan.gpu_type, r.plan.gpu_type
+            assert speeds[new] > speeds[old]
+            step = r.step_time_s or r.job.speed.step_time_s(r.plan, speeds[old], peers_of(r.gpus))
+            m = r.job.remaining_steps * step
+            m_new = r.job.remaining_steps * r.job.speed.step_time_s(p.plan, speeds[new], peers_of(p.gpus))
+            assert 2 * (m_new + r.job.restart_cost_s) < m
+            assert snap.now_s - r.started_s >= frenzy.SHRINK_MIN_RUN_S
+            upgrades += 1
+    assert upgrades > 0, "the sweep no longer exercises an upgrade"
