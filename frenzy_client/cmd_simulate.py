@@ -136,6 +136,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"{run['jobs']} jobs (seed {run['seed']}, load {run['load']:g}, mapping {run['mapping']}) "
         f"on {run['gpus']} GPUs; limit avg JCT {limit / 3600:.2f} h"
+        + (f", p99 {result['limit']['p99_jct_s'] / 3600:.2f} h" if "p99_jct_s" in result["limit"] else "")
         + (f"; {run['dropped_infeasible']} sampled jobs fit nowhere" if run["dropped_infeasible"] else ""),
         f"{'policy':<16}{'avg JCT h':>10}{'x limit':>8}{'p50 h':>8}{'p99 h':>8}{'queue h':>8}"
         f"{'makespan h':>11}{'util':>6}{'done':>6}{'fail':>5}{'OOM':>5}{'restarts':>9}{'timeouts':>9}"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from frenzyd.errors import SchedulerError
 from frenzyd.has.interface import Cluster, Policy
-from frenzyd.sim.jobs import limit_jct_s
+from frenzyd.sim.jobs import limit_jct_s, limit_p99_jct_s
 from frenzyd.sim.model import PolicyResult, SimJob
 from frenzyd.sim.simulator import simulate
 
@@ -30,7 +30,7 @@ def run_policies(
             progress(f"simulating {p.name} over {len(jobs)} jobs on {len(cluster.gpus)} GPUs")
         results.append(simulate(p, jobs, cluster, seed=seed, clock=clock, progress=progress))
     out: dict[str, object] = {
-        "limit": {"avg_jct_s": limit_jct_s(jobs)},
+        "limit": {"avg_jct_s": limit_jct_s(jobs), "p99_jct_s": limit_p99_jct_s(jobs)},
         "policies": {r.name: r.summary() for r in results},
     }
     return out, results

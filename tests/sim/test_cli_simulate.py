@@ -55,6 +55,7 @@ def test_json_has_the_documented_keys_for_every_policy() -> None:
     assert run["trace"].endswith("philly.csv")
     assert run["cluster"].endswith("lab.toml")
     assert doc["limit"]["avg_jct_s"] > 0
+    assert doc["limit"]["p99_jct_s"] > 0
     assert set(doc["policies"]) == {"frenzy", "sia", "gavel", "fifo"}
     for name, p in doc["policies"].items():
         assert set(p) == POLICY_KEYS, name

@@ -14,7 +14,7 @@ from frenzyd.errors import SchedulerError
 from frenzyd.has.interface import Decision, Placement, Snapshot
 from frenzyd.has.registry import BUILTIN, load_policy
 from frenzyd.marp.spec import Plan
-from frenzyd.sim.jobs import limit_jct_s
+from frenzyd.sim.jobs import limit_jct_s, limit_p99_jct_s
 from frenzyd.sim.model import SimJob
 from frenzyd.sim.simulator import MAX_OOM_RESUBMITS, simulate
 from frenzyd.sim.speed import JobSpeed
@@ -44,6 +44,9 @@ def test_every_job_ends_exactly_once(name: str, seed: int, n_jobs: int) -> None:
     for o in r.outcomes:
         if o.state == "completed":
             assert o.end_s - o.arrival_s >= limit_jct_s([by_id[o.job_id]]) * (1 - 1e-9)
+    # ... so when every job completes, the p99 is no lower than the limit's (the benchmark's p99 floor).
+    if s["jobs_completed"] == n_jobs:
+        assert s["p99_jct_s"] >= limit_p99_jct_s(jobs) * (1 - 1e-9)  # type: ignore[operator]
 
 
 class _Greedy:
