@@ -326,16 +326,20 @@ class _Shape:
         """The plans of ``gpu_type``, fastest packed step first (ties: fewer GPUs)."""
         asc = self._asc_step.get(gpu_type)
         if asc is None:
-            of_type = next((g for t, _, g in self.groups if t == gpu_type), ())
-            asc = self._asc_step[gpu_type] = tuple(sorted(of_type, key=lambda p: (p.step_time_s, p.gpus)))
+            asc = self._asc_step[gpu_type] = tuple(
+                sorted(self._of_type(gpu_type), key=lambda p: (p.step_time_s, p.gpus))
+            )
         return asc
+
+    def _of_type(self, gpu_type: str) -> tuple[Plan, ...]:
+        """The plans of ``gpu_type`` as :attr:`groups` holds them (none: empty)."""
+        return next((g for t, _, g in self.groups if t == gpu_type), ())
 
     def most_gpus_first(self, gpu_type: str) -> tuple[Plan, ...]:
         """The plans of ``gpu_type``, most GPUs first (at most one per count)."""
         desc = self._desc.get(gpu_type)
         if desc is None:
-            of_type = next((g for t, _, g in self.groups if t == gpu_type), ())
-            desc = self._desc[gpu_type] = tuple(sorted(of_type, key=lambda p: -p.gpus))
+            desc = self._desc[gpu_type] = tuple(sorted(self._of_type(gpu_type), key=lambda p: -p.gpus))
         return desc
 
     def ranking(self, gamma: float) -> tuple[tuple[float, Plan], ...]:
