@@ -18,7 +18,6 @@ _COMMAND_MODULES = (
     "frenzy_client.cmd_jobs",
 )
 
-EXIT_USAGE = 2
 EXIT_ERROR = 1
 
 

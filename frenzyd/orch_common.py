@@ -41,7 +41,6 @@ coordinator that lost its soft table (restart, new term) gets them back."""
 # --- message kinds ------------------------------------------------------------------------------
 
 _S = wire.Schema
-_OPT_STR = (str, type(None))
 MESSAGE_KINDS: dict[str, wire.Schema] = {
     "job.submit": _S(required={"record": dict}),
     "job.cancel": _S(required={"job_id": str}, optional={"requeue_attempts": int}),

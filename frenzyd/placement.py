@@ -330,8 +330,8 @@ def schedule(
     """Decide which queued jobs start now and where (HAS ``frenzy`` policy; see module docstring)."""
     from frenzyd.has.frenzy import FrenzyPolicy
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
+    from frenzyd.has.speed import JobSpeed
     from frenzyd.marp.spec import Plan
-    from frenzyd.sim.speed import JobSpeed
 
     infeasible: list[tuple[str, str]] = []
     views: list[Any] = []

@@ -11,10 +11,10 @@ import random
 
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, RunningJob, Snapshot
+from frenzyd.has.speed import JobSpeed, flops_per_step
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.jobs import reduce_plans
 from frenzyd.sim.model import SimJob
-from frenzyd.sim.speed import JobSpeed, flops_per_step
 
 TYPES = ("T4", "RTX-3090", "RTX-A6000", "A100-40GB", "A100-80GB")
 

@@ -127,8 +127,6 @@ STARVATION_S = 2 * 3600.0
 """Queue time after which the head job gets its GPU type reserved."""
 GROW_MIN_GAIN = 0.2
 """With nobody waiting, a running job moves onto idle GPUs only if it then ends ≥ 20 % sooner."""
-GROW_WHEN_BLOCKED = True
-"""Grow onto idle GPUs of types no waiting job can use, even while other jobs wait."""
 GROW_TRIES = 8
 """Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
@@ -547,7 +545,6 @@ class FrenzyPolicy:
             room = room_left()
             return True
 
-        placed_queued = 0
         left = len(order)
         for i, job in enumerate(order):
             left -= 1
@@ -610,7 +607,6 @@ class FrenzyPolicy:
                     if better:
                         shrink_tries -= 1
                         if took(self._shrink_for(job, better, ctx, beat_s=t_free)):
-                            placed_queued += 1
                             continue
                 t = choice.gpu_type
                 chunks = _pick_ordered(free[t], fullest_of[t], choice.gpus, choice.tp)
@@ -622,26 +618,22 @@ class FrenzyPolicy:
                 if free_n[t] == 0:
                     room = room_left()
                 placements.append(Placement(job.job_id, choice, tuple(gpus)))
-                placed_queued += 1
                 continue
             stuck.add(id(shape))
             if shrink_tries > 0:
                 shrink_tries -= 1
                 if took(self._shrink_for(job, shape.cheapest_per_type(gamma), ctx)):
-                    placed_queued += 1
                     continue
             wanted |= shape.types  # types a waiting job could use: not for growing
             if i == 0 and now - job.arrival_s > STARVATION_S:
                 total = self._type_totals(cluster)
                 for _, plan in shape.ranking(gamma):
                     if plan.gpus <= total.get(plan.gpu_type, 0):
-                        if took(self._move_for(job, plan, ctx, speeds)):
-                            placed_queued += 1
-                        else:
+                        if not took(self._move_for(job, plan, ctx, speeds)):
                             reserved.add(plan.gpu_type)
                             room = room_left()
                         break
-        if not preemptions and (GROW_WHEN_BLOCKED or placed_queued == len(order)):
+        if not preemptions:  # grow only onto types no waiting job can use, even while jobs wait
             idle = {t: n for t, n in free_n.items() if t not in wanted and t not in reserved}
             placements.extend(self._grow(lefts, free, idle, speeds, skip=moved))
         return Decision(placements=tuple(placements), preemptions=tuple(preemptions))

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
+from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
-from frenzyd.sim.speed import JobSpeed
 
 Reason = Literal["arrival", "completion", "failure", "round"]
 

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from frenzyd.errors import FrenzyError
 from frenzyd.has.interface import Cluster, packed_peers
+from frenzyd.has.speed import V100_SUSTAINED_FLOPS, JobSpeed, flops_per_step
 from frenzyd.marp.spec import GpuPool, Plan
 from frenzyd.sim.mapping import LlmJob
 from frenzyd.sim.model import SimJob, percentile
-from frenzyd.sim.speed import V100_SUSTAINED_FLOPS, JobSpeed, flops_per_step
 
 _Shape = tuple[JobSpeed, tuple[Plan, ...]]
 

@@ -3,7 +3,7 @@
 Every rule keeps the trace job's submission time and GPU count (the user's
 ask) and sets the work so that the LLM job would take the trace job's
 duration on its trace GPU count of V100s at perfect scaling:
-``steps = duration × gpus × F_V100 / flops_per_step`` (``sim.speed``).  The
+``steps = duration × gpus × F_V100 / flops_per_step`` (``has.speed``).  The
 rules differ in how the model size is chosen:
 
 * ``gpus`` — size follows the GPU count the user asked for (a user asks for

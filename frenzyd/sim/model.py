@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
-from frenzyd.sim.speed import JobSpeed
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ Scheduling rounds happen at every arrival, completion and failure, and every
 A round tick is skipped only at a fixpoint: nothing happened since the last
 round and that round changed nothing (the policy would see the same jobs,
 placements and free GPUs, only a later clock).  Every placement costs the
-job's restart cost (start-up plus checkpoint read, ``sim.speed``) before it
+job's restart cost (start-up plus checkpoint read, ``has.speed``) before it
 makes progress; a preempted job keeps its progress (checkpoint/resume).  A
 placement whose plan does not fit the GPU's memory (only possible for plans
 that are not MARP's, i.e. FIFO's user plans) fails after the restart cost

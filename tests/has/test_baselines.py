@@ -16,9 +16,9 @@ from frenzyd.has.gavel import max_min_allocation
 from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
 from frenzyd.has.registry import load_policy
 from frenzyd.has.sia import Config, SiaPolicy, configurations
+from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.run import run_policies
-from frenzyd.sim.speed import JobSpeed
 
 GIB = 1 << 30
 

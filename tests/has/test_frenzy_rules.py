@@ -8,8 +8,8 @@ from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.has import frenzy
 from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, RunningJob, Snapshot
+from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
-from frenzyd.sim.speed import JobSpeed
 
 TYPE = "A100-80GB"
 MEM = GPU_TYPES[TYPE].memory_bytes

@@ -14,7 +14,7 @@ MODULES = [
     "frenzyd.has.sia",
     "frenzyd.has.gavel",
     "frenzyd.has.registry",
-    "frenzyd.sim.speed",
+    "frenzyd.has.speed",
     "frenzyd.sim.model",
     "frenzyd.sim.simulator",
     "frenzyd.sim.cluster",

@@ -96,9 +96,9 @@ def test_frenzy_keeps_big_memory_gpus_for_jobs_that_need_them() -> None:
     from simcase import view
 
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec
+    from frenzyd.has.speed import JobSpeed
     from frenzyd.marp.spec import Plan
     from frenzyd.sim.model import SimJob
-    from frenzyd.sim.speed import JobSpeed
 
     cluster = Cluster(
         types=(GpuTypeSpec("A100-80GB", 80 << 30, 2.55), GpuTypeSpec("RTX-A6000", 48 << 30, 2.4)),

@@ -13,11 +13,11 @@ from simcase import make_cluster, make_jobs
 from frenzyd.errors import SchedulerError
 from frenzyd.has.interface import Decision, Placement, Snapshot
 from frenzyd.has.registry import BUILTIN, load_policy
+from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.jobs import limit_jct_s, limit_p99_jct_s
 from frenzyd.sim.model import SimJob
 from frenzyd.sim.simulator import MAX_OOM_RESUBMITS, simulate
-from frenzyd.sim.speed import JobSpeed
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))

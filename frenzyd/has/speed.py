@@ -1,4 +1,4 @@
-"""The simulator's speed and scaling model: how long one training step of a job takes on a placement.
+"""The speed and scaling model: how long a training step takes on a placement (HAS and the simulator use it).
 
 Fixed before any scheduling policy was tuned (DESIGN.md §4); every policy is
 judged by it and every policy sees the same estimates.  Changing a constant
