@@ -48,18 +48,6 @@ class AnalyticConstants:
 DEFAULT_CONSTANTS = AnalyticConstants()
 
 
-@dataclass(frozen=True, slots=True)
-class _Sizes:
-    """Per-rank static byte counts of one pipeline stage."""
-
-    params: int
-    grads: int
-    opt: int
-    layer_params: int
-    head_grad: int
-    emb_grad: int
-
-
 def _dtype_bytes(dtype: str) -> tuple[int, int, int]:
     """(parameter, activation, logits) bytes for a dtype mode."""
     if dtype == "fp32":
