@@ -1,6 +1,8 @@
 """Data-parallel and ZeRO runs of the reference step: real gloo ranks in subprocesses, or fake process groups.
 
-Part of MARP's torch boundary (with ``trace``): torch is imported lazily.
+Part of MARP's torch boundary, built on the one-process step of
+``frenzyd.marp.trace.step`` (the only module of the package it imports);
+torch is imported lazily.
 ``dp`` ranks run the reference step of DESIGN.md §3 wrapped in torch's own
 parallel forms: DDP(gradient_as_bucket_view=True) for ZeRO-0, plus
 ``ZeroRedundancyOptimizer`` for ZeRO-1, FSDP2 ``fully_shard`` per decoder
@@ -25,16 +27,17 @@ from typing import Any, Literal
 
 from frenzyd.errors import ConfigError, TraceError
 from frenzyd.marp.spec import TrainingSetup
-from frenzyd.marp.trace import (
+from frenzyd.marp.trace.step import (
     Measurement,
     ModelLike,
-    _hf_dict,
-    _model_name,
-    _StepResult,
-    _to_measurement,
-    _torch_errors,
+    StepResult,
     build_hf_config,
+    build_optimizer,
+    hf_dict,
+    model_name,
     run_reference_step,
+    to_measurement,
+    torch_errors,
 )
 
 RANK_TIMEOUT_S = 900.0
@@ -63,8 +66,6 @@ def make_wrap(setup: TrainingSetup, *, ddp: bool = True, fake: bool = False) -> 
     bucket returned as a completed future (the fake process group's own
     future carries no tensor).
     """
-    from frenzyd.marp.trace import _build_optimizer
-
     mesh = None
     if setup.zero >= 2:
         from torch.distributed.device_mesh import init_device_mesh
@@ -79,13 +80,13 @@ def make_wrap(setup: TrainingSetup, *, ddp: bool = True, fake: bool = False) -> 
             for layer in _decoder_layers(model):
                 fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
             fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-            return model, _build_optimizer(model.parameters(), setup)
+            return model, build_optimizer(model.parameters(), setup)
         if not ddp:
-            return model, _build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
+            return model, build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = _fake_ddp(model) if fake else DDP(model, gradient_as_bucket_view=True)
-        return wrapped, _build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
+        return wrapped, build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
 
     return wrap
 
@@ -141,11 +142,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _combine(name: str, results: list[_StepResult], method: Literal["real", "trace"], wall_s: float, *,
+def _combine(name: str, results: list[StepResult], method: Literal["real", "trace"], wall_s: float, *,
              world: int, notes: tuple[str, ...] = ()) -> Measurement:
-    per_rank = [_to_measurement(name, r, method, wall_s) for r in results]
+    per_rank = [to_measurement(name, r, method, wall_s) for r in results]
     worst = max(range(len(per_rank)), key=lambda i: per_rank[i].peak_bytes)
-    return _to_measurement(
+    return to_measurement(
         name, results[worst], method, wall_s, world=world,
         rank_peaks=tuple(m.peak_bytes for m in per_rank), notes=notes,
     )
@@ -157,9 +158,9 @@ def measure_distributed(
     """Run ``setup.dp`` ranks of the reference step and report the worst rank's peak (see module doc)."""
     if setup.zero > 0 and setup.dp < 2:
         raise ConfigError(f"ZeRO stage {setup.zero} needs dp >= 2 to shard anything; use dp >= 2 or zero=0")
-    name = _model_name(model)
+    name = model_name(model)
     if mode == "real":
-        return _run_real(name, _hf_dict(model), setup, threads=threads, seed=seed)
+        return _run_real(name, hf_dict(model), setup, threads=threads, seed=seed)
     return _run_fake(name, model, setup, seed=seed)
 
 
@@ -179,8 +180,9 @@ def _run_real(
         procs = []
         for rank in range(world):
             env = dict(os.environ)
-            # The ranks import this very package, installed or not.
-            pkg_root = str(Path(__file__).resolve().parent.parent.parent)
+            # The ranks import this very package, installed or not (this file is
+            # ROOT/frenzyd/marp/trace/dist.py).
+            pkg_root = str(Path(__file__).resolve().parents[3])
             env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
             env.update(
                 RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
@@ -190,7 +192,7 @@ def _run_real(
             out = Path(tmp) / f"rank{rank}.json"
             log = (Path(tmp) / f"rank{rank}.log").open("w")
             procs.append((subprocess.Popen(
-                [sys.executable, "-m", "frenzyd.marp.trace_dist", str(job), str(out)],
+                [sys.executable, "-m", "frenzyd.marp.trace.dist", str(job), str(out)],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             ), out, log))
         deadline = time.monotonic() + RANK_TIMEOUT_S
@@ -225,12 +227,12 @@ def _run_real(
     return _combine(name, results, "real", time.perf_counter() - t0, world=world)
 
 
-def _result_to_json(r: _StepResult) -> dict[str, Any]:
+def _result_to_json(r: StepResult) -> dict[str, Any]:
     return {"phase_peak": r.phase_peak, "phase_snap": r.phase_snap, "params": r.params}
 
 
-def _result_from_json(d: dict[str, Any]) -> _StepResult:
-    return _StepResult(
+def _result_from_json(d: dict[str, Any]) -> StepResult:
+    return StepResult(
         phase_peak={str(k): int(v) for k, v in d["phase_peak"].items()},
         phase_snap={str(k): {str(a): int(b) for a, b in v.items()} for k, v in d["phase_snap"].items()},
         params=int(d["params"]),
@@ -279,7 +281,7 @@ def _run_fake(name: str, model: ModelLike, setup: TrainingSetup, *, seed: int) -
     for rank in ranks:
         dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
         try:
-            with _torch_errors(f"trace of {name} (dp={world}, zero={setup.zero}, rank {rank})"):
+            with torch_errors(f"trace of {name} (dp={world}, zero={setup.zero}, rank {rank})"):
                 wrap = make_wrap(setup, fake=True)
                 results.append(run_reference_step(cfg, setup, mode="fake", wrap=wrap, seed=seed))
         finally:
@@ -289,13 +291,11 @@ def _run_fake(name: str, model: ModelLike, setup: TrainingSetup, *, seed: int) -
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of a real rank subprocess: ``python -m frenzyd.marp.trace_dist JOB.json OUT.json``."""
+    """Entry point of a real rank subprocess: ``python -m frenzyd.marp.trace.dist JOB.json OUT.json``."""
     if len(argv) != 2:
-        print("usage: python -m frenzyd.marp.trace_dist JOB.json OUT.json", file=sys.stderr)
+        print("usage: python -m frenzyd.marp.trace.dist JOB.json OUT.json", file=sys.stderr)
         return 2
     return _worker(argv[0], argv[1])
-
-
 
 
 if __name__ == "__main__":

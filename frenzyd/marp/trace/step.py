@@ -1,12 +1,14 @@
-"""MARP's torch boundary: run the reference training step for real (ground truth) or under fake tensors.
+"""One process's run of the reference training step, real or under fake tensors, measured per phase.
 
-The only MARP module that touches torch/transformers, and only lazily inside
-functions: importing ``frenzyd.marp.trace`` imports neither.  Both methods run
-the literal reference step of DESIGN.md §3 on the CPU device under torch's
-``MemTracker`` (a ``TorchDispatchMode`` that sees every tensor storage the step
-allocates) and report the per-phase peak tensor bytes of a steady-state step
-(the second optimizer step, when the optimizer state exists) with a breakdown.
-torch and transformers exceptions are mapped into Frenzy's error tree here.
+The single-process half of MARP's torch boundary (``frenzyd.marp.trace.dist``
+builds the data-parallel runs on it; ``frenzyd.marp.trace.api`` chooses
+between them).  torch and transformers are imported lazily inside functions:
+importing this module imports neither.  Both methods run the literal reference
+step of DESIGN.md §3 on the CPU device under torch's ``MemTracker`` (a
+``TorchDispatchMode`` that sees every tensor storage the step allocates) and
+report the per-phase peak tensor bytes of a steady-state step (the second
+optimizer step, when the optimizer state exists) with a breakdown.  torch and
+transformers exceptions are mapped into Frenzy's error tree here.
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ from frenzyd.errors import ConfigError, FrenzyError, ModelConfigError, PlanError
 from frenzyd.marp.spec import PHASES, Breakdown, ModelSpec, Phase, Prediction, TrainingSetup
 
 __all__ = [
+    "STEPS",
     "Measurement",
+    "ModelLike",
+    "StepResult",
     "build_hf_config",
-    "measure_real",
-    "predict_trace",
+    "build_optimizer",
+    "hf_dict",
+    "measure_real_single",
+    "model_name",
     "run_reference_step",
+    "runs_distributed",
+    "to_measurement",
+    "torch_errors",
+    "trace_measurement_single",
+    "validate_setup",
 ]
 
 ModelLike = ModelSpec | dict[str, Any]
@@ -112,13 +124,13 @@ class Measurement:
 # --------------------------------------------------------------------------- config
 
 
-def _model_name(model: ModelLike) -> str:
+def model_name(model: ModelLike) -> str:
     if isinstance(model, ModelSpec):
         return model.name
     return str(model.get("_name_or_path") or model.get("name") or model.get("model_type", "model"))
 
 
-def _hf_dict(model: ModelLike) -> dict[str, Any]:
+def hf_dict(model: ModelLike) -> dict[str, Any]:
     if isinstance(model, ModelSpec):
         if not model.hf_config:
             raise ModelConfigError(
@@ -135,7 +147,7 @@ def build_hf_config(model: ModelLike) -> Any:
     """The ``transformers`` config object for ``model`` (``ModelConfigError`` if it cannot be built)."""
     from transformers import AutoConfig
 
-    d = _hf_dict(model)
+    d = hf_dict(model)
     model_type = d.pop("model_type", None)
     if not isinstance(model_type, str):
         raise ModelConfigError(
@@ -150,7 +162,7 @@ def build_hf_config(model: ModelLike) -> Any:
         raise ModelConfigError(f"cannot build a {model_type!r} config from the given fields: {detail}") from e
 
 
-def _validate(setup: TrainingSetup) -> None:
+def validate_setup(setup: TrainingSetup) -> None:
     if setup.seq_len < 1 or setup.micro_batch < 1:
         raise ConfigError("seq_len and micro_batch must be positive integers")
     if setup.tp != 1 or setup.pp != 1:
@@ -370,7 +382,7 @@ def _build_model(hf_config: Any, setup: TrainingSetup) -> Any:
     return model
 
 
-def _build_optimizer(params: Any, setup: TrainingSetup, zero1: bool = False) -> Any:
+def build_optimizer(params: Any, setup: TrainingSetup, zero1: bool = False) -> Any:
     import torch
 
     if setup.optimizer == "adamw":
@@ -394,7 +406,7 @@ def _lm_head(model: Any) -> Any:
 
 
 @dataclass
-class _StepResult:
+class StepResult:
     phase_peak: dict[str, int]
     phase_snap: dict[str, dict[str, int]]
     params: int
@@ -407,7 +419,7 @@ def run_reference_step(
     mode: Mode = "real",
     wrap: Any = None,
     seed: int = 0,
-) -> _StepResult:
+) -> StepResult:
     """Run the reference step of DESIGN.md §3 for ``STEPS`` optimizer steps; measure the last.
 
     ``mode="real"`` uses real CPU tensors, ``mode="fake"`` the same step under
@@ -431,7 +443,7 @@ def run_reference_step(
         model = _build_model(hf_config, setup)
         params = sum(int(p.numel()) for p in model.parameters())
         if wrap is None:
-            train_model, opt = model, _build_optimizer(model.parameters(), setup)
+            train_model, opt = model, build_optimizer(model.parameters(), setup)
         else:
             train_model, opt = wrap(model)
         head = _lm_head(model)
@@ -481,11 +493,11 @@ def run_reference_step(
                     tracker.set_phase(None)
         finally:
             hook.remove()
-    return _StepResult(dict(tracker.phase_peak), dict(tracker.phase_snap), params)
+    return StepResult(dict(tracker.phase_peak), dict(tracker.phase_snap), params)
 
 
-def _to_measurement(
-    name: str, res: _StepResult, method: Literal["real", "trace"], wall_s: float, *, world: int = 1,
+def to_measurement(
+    name: str, res: StepResult, method: Literal["real", "trace"], wall_s: float, *, world: int = 1,
     rank_peaks: tuple[int, ...] = (), notes: tuple[str, ...] = (),
 ) -> Measurement:
     phases: dict[str, int] = {p: res.phase_peak.get(p, 0) for p in PHASES}
@@ -501,7 +513,7 @@ def _to_measurement(
 
 
 @contextlib.contextmanager
-def _torch_errors(what: str) -> Iterator[None]:
+def torch_errors(what: str) -> Iterator[None]:
     """Map torch/transformers exceptions raised by ``what`` into FrenzyError subclasses."""
     try:
         yield
@@ -530,49 +542,46 @@ def _threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def measure_real(model: ModelLike, setup: TrainingSetup, *, threads: int = 1, seed: int = 0) -> Measurement:
-    """Ground truth: run the reference step with real tensors on the CPU and measure its tensor peak.
+def measure_real_single(
+    model: ModelLike, setup: TrainingSetup, *, threads: int = 1, seed: int = 0
+) -> Measurement:
+    """Ground truth in this process (dp = 1, ZeRO-0): the reference step with real CPU tensors.
 
     Runs ``STEPS`` optimizer steps and reports the last (steady state) under
-    torch's ``MemTracker``.  ``setup.dp > 1`` runs ``dp`` real gloo ranks in
-    subprocesses (DDP, ZeRO-1, FSDP2 for ZeRO-2/3) and reports the worst rank.
-    Raises ``ConfigError``/``PlanError`` for setups it cannot run and
-    ``TraceError`` when torch fails (e.g. out of host memory).
+    torch's ``MemTracker``.  Raises ``ConfigError``/``PlanError`` for setups it
+    cannot run (a data-parallel or ZeRO setup is ``frenzyd.marp.trace.dist``'s)
+    and ``TraceError`` when torch fails (e.g. out of host memory).
     """
-    _validate(setup)
-    name = _model_name(model)
-    if setup.dp > 1 or setup.zero > 0:
-        from frenzyd.marp.trace_dist import measure_distributed
-
-        return measure_distributed(model, setup, mode="real", threads=threads, seed=seed)
+    _require_single(setup)
+    name = model_name(model)
     cfg = build_hf_config(model)
     _threads(threads)
     t0 = time.perf_counter()
-    with _torch_errors(f"real run of {name}"):
+    with torch_errors(f"real run of {name}"):
         res = run_reference_step(cfg, setup, mode="real", seed=seed)
-    return _to_measurement(name, res, "real", time.perf_counter() - t0)
+    return to_measurement(name, res, "real", time.perf_counter() - t0)
 
 
-def trace_measurement(model: ModelLike, setup: TrainingSetup, *, seed: int = 0) -> Measurement:
-    """The reference step under ``FakeTensorMode`` on the CPU device, as a ``Measurement``."""
-    _validate(setup)
-    name = _model_name(model)
-    if setup.dp > 1 or setup.zero > 0:
-        from frenzyd.marp.trace_dist import measure_distributed
-
-        return measure_distributed(model, setup, mode="fake", threads=1, seed=seed)
+def trace_measurement_single(model: ModelLike, setup: TrainingSetup, *, seed: int = 0) -> Measurement:
+    """The reference step in this process (dp = 1, ZeRO-0) under ``FakeTensorMode``, as a ``Measurement``."""
+    _require_single(setup)
+    name = model_name(model)
     cfg = build_hf_config(model)
     t0 = time.perf_counter()
-    with _torch_errors(f"trace of {name}"):
+    with torch_errors(f"trace of {name}"):
         res = run_reference_step(cfg, setup, mode="fake", seed=seed)
-    return _to_measurement(name, res, "trace", time.perf_counter() - t0)
+    return to_measurement(name, res, "trace", time.perf_counter() - t0)
 
 
-def predict_trace(model: ModelLike, setup: TrainingSetup) -> Prediction:
-    """The trace method: peak tensor bytes of the worst rank from a fake-tensor run of the reference step.
+def runs_distributed(setup: TrainingSetup) -> bool:
+    """Whether ``setup`` needs several ranks (dp > 1 or a ZeRO stage) rather than this one process."""
+    return setup.dp > 1 or setup.zero > 0
 
-    Exact tensor bytes of the CPU code path with no real memory used; CUDA-only
-    terms (bf16-mixed weight cache, CUDA SDPA kernels' statistics, runtime
-    overhead) are not included.
-    """
-    return trace_measurement(model, setup).to_prediction()
+
+def _require_single(setup: TrainingSetup) -> None:
+    validate_setup(setup)
+    if runs_distributed(setup):
+        raise ConfigError(
+            f"dp={setup.dp}, zero={setup.zero} needs several ranks; "
+            "use frenzyd.marp.trace.measure_real or trace_measurement"
+        )
