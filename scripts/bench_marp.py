@@ -22,11 +22,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchmeta import provenance, write_results  # noqa: E402
 
 from frenzyd.errors import FrenzyError  # noqa: E402
 from frenzyd.marp import baselines as B  # noqa: E402
@@ -464,24 +465,6 @@ def speed(analytic: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-    }
-
-
 def _mib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**20:10.1f}"
 
@@ -502,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cached-only", action="store_true", help="skip configurations not in the cache yet")
     ap.add_argument("--markdown", type=Path, help="also write the tables as Markdown (for the README)")
     args = ap.parse_args(argv)
+    prov = provenance()
 
     import torch
 
@@ -685,9 +669,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.markdown}")
     if args.out:
         out = {
-            "argv": sys.argv,
-            "git_commit": _git_commit(),
-            "machine": _machine(),
             "versions": versions,
             "seed": args.seed,
             "fit_fraction": args.fit_fraction,
@@ -699,8 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": wall,
             "rows": [_row_json(r) for r in rows],
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1))
+        write_results(args.out, out, prov)
         print(f"wrote {args.out}")
     return 0
 

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +26,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
+from benchmeta import provenance, write_results  # noqa: E402
 
 from frenzyd import auth, tls, wire  # noqa: E402
 from frenzyd.config import config_from_dict  # noqa: E402
@@ -39,30 +38,6 @@ from frenzyd.election import ElectionState  # noqa: E402
 from frenzyd.peers import CONNECTIONS_PER_PEER, CONTENT_TYPE, MSG_PATH, PeerNetwork  # noqa: E402
 
 wire.register_kind("bench.echo", wire.Schema(required={"seq": int}, optional={"pad": bytes}))
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
-
-
-def machine() -> dict[str, Any]:
-    import os
-
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-    }
 
 
 def _us(total_s: float, n: int) -> float:
@@ -229,6 +204,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tiny", action="store_true", help="a few hundred operations (CI)")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
+    prov = provenance()
     n_codec, n_orders, n_req = (2000, 200, 200) if args.tiny else (50000, 3000, 3000)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -241,9 +217,6 @@ def main(argv: list[str]) -> int:
             "transport": asyncio.run(bench_transport(tmp, a, b, n_req)),
         }
     result = {
-        "argv": [sys.executable, *sys.argv],
-        "git_commit": git_commit(),
-        "machine": machine(),
         "sizes": {"codec_ops": n_codec, "order_ops": n_orders, "requests": n_req},
         "results": results,
     }
@@ -261,7 +234,7 @@ def main(argv: list[str]) -> int:
         ratio = t[f"mtls_c{c}"]["req_per_s"] / t[f"plain_c{c}"]["req_per_s"]
         print(f"mTLS/plain throughput at concurrency {c}: {ratio:.2f}")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_results(args.out, result, prov)
     return 0
 
 

@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import platform
 import re
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +38,8 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pool import ROOT, Daemon, NodeConf, make_pool
+from _pool import Daemon, NodeConf, make_pool
+from benchmeta import provenance, write_results
 
 TYPES = ["A100-80GB", "RTX-3090", "RTX-A6000", "T4", "L4", "V100-32GB", "A10", "RTX-4090"]
 
@@ -136,29 +133,6 @@ async def request_loop(url: str, total: int, concurrency: int) -> dict[str, floa
             "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * p99}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpus": os.cpu_count()}
-    with contextlib.suppress(Exception):
-        import torch
-
-        info["torch"] = torch.__version__
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    return info
-
-
 def build_pool(base: Path, n: int, heartbeat_s: float, peer_timeout_s: float) -> list[Daemon]:
     names = [f"b{i}" for i in range(n)]
     creds = make_pool(base / "pool", names)
@@ -229,6 +203,7 @@ def main() -> int:
     ap.add_argument("--peer-timeout-s", type=float, default=2.0)
     ap.add_argument("--out", type=Path, help="write the JSON results here")
     args = ap.parse_args()
+    prov = provenance()
     n = args.daemons or (3 if args.tiny else 5)
     launches = args.launches or (1 if args.tiny else 5)
     requests = args.requests or (300 if args.tiny else 5000)
@@ -306,14 +281,12 @@ def main() -> int:
     print(f"| {'measure':<{width}} | value |\n| {'-' * width} | --- |")
     for k, v in rows:
         print(f"| {k:<{width}} | {v} |")
-    doc = {"command": [sys.executable, *sys.argv], "git_commit": git_commit(), "machine": machine(),
-           "config": {"daemons": n, "launches": launches, "requests": requests,
+    doc = {"config": {"daemons": n, "launches": launches, "requests": requests,
                       "concurrency": args.concurrency, "heartbeat_s": args.heartbeat_s,
                       "peer_timeout_s": args.peer_timeout_s},
            "results": results}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=2))
+        write_results(args.out, doc, prov)
         print(f"wrote {args.out}")
     return 0
 

@@ -20,11 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -33,6 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchmeta import provenance, write_results  # noqa: E402
 
 from frenzyd.gpu_types import GPU_TYPES  # noqa: E402
 from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot  # noqa: E402
@@ -56,28 +56,6 @@ SWEEP_TYPES = ("T4", "RTX-3090", "RTX-A6000", "A100-40GB", "A100-80GB")
 
 def log(msg: str) -> None:
     print(f"[bench_sched {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], check=False, cwd=ROOT, capture_output=True, text=True
-        )
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-    }
 
 
 # ----------------------------------------------------------------------------- JCT grid
@@ -623,13 +601,10 @@ def main(argv: list[str]) -> int:
         args.sia_time_limit = args.sia_time_limit or 10.0
     if args.seed_list is None:
         args.seed_list = list(range(args.seeds))
+    prov = provenance()
     source = sim_jobs.MarpPlanSource()
     t0 = time.perf_counter()
     result: dict[str, Any] = {
-        "argv": [sys.executable, *sys.argv],
-        "git_commit": git_commit(),
-        "machine": machine(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": {
             "tiny": args.tiny,
             "jobs": args.jobs,
@@ -657,7 +632,7 @@ def main(argv: list[str]) -> int:
     result["wall_s"] = time.perf_counter() - t0
     print(f"\ntotal {result['wall_s']:.0f} s")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_results(args.out, result, prov)
         log(f"wrote {args.out}")
     if args.markdown:
         args.markdown.write_text(markdown(result))
