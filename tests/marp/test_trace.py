@@ -157,10 +157,35 @@ def test_fake_fsdp_shards_states() -> None:
     assert z3.peak_bytes < one.peak_bytes
 
 
-def test_importing_trace_imports_no_torch() -> None:
-    code = "import sys, frenzyd.marp.trace; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+@pytest.mark.parametrize(
+    "module",
+    ["frenzyd.marp.trace", "frenzyd.marp.trace.step", "frenzyd.marp.trace.dist", "frenzyd.marp.trace.api"],
+)
+def test_importing_trace_imports_no_torch(module: str) -> None:
+    code = f"import sys, {module}; print([m for m in ('torch', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_trace_modules_import_one_way() -> None:
+    """step imports no sibling, dist only step, api step and dist; imports inside functions count too."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("frenzyd.marp.trace")
+    assert spec is not None
+    assert spec.submodule_search_locations is not None
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    edges = {}
+    for name in ("step", "dist", "api"):
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        edges[name] = {
+            n.module.rsplit(".", 1)[-1]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("frenzyd.marp.trace")
+        }
+    assert edges == {"step": set(), "dist": {"step"}, "api": {"step", "dist"}}
 
 
 @pytest.mark.parametrize(
