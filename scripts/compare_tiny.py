@@ -24,7 +24,8 @@ the benchmark's timing leaves, the range, and how many fall outside ±20 %.
 
 Exit status: 0 every benchmark identical; 1 a non-timing leaf differs (the
 first differing paths are printed), or a benchmark exists in one tree only;
-2 a benchmark could not be run or its JSON is missing.
+2 a benchmark could not be run, a JSON is missing, or the arguments are wrong
+(REV no commit, no such benchmark, a tree that imports another tree's frenzyd).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,6 +252,11 @@ def benchmarks(tree: Path) -> list[str]:
     return sorted(p.stem for p in (tree / "scripts").glob("bench_*.py"))
 
 
+def fail(why: str) -> NoReturn:
+    print(f"compare_tiny: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree)
@@ -266,9 +272,7 @@ def check_imports_own_tree(tree: Path) -> None:
         )
     where = Path(res.stdout.strip()).resolve() if res.returncode == 0 else None
     if where is None or not where.is_relative_to(tree.resolve()):
-        raise SystemExit(
-            f"compare_tiny: with PYTHONPATH={tree}, frenzyd is imported from {where or res.stderr.strip()}"
-        )
+        fail(f"with PYTHONPATH={tree}, frenzyd is imported from {where or res.stderr.strip()}")
 
 
 def run_tree(label: str, tree: Path, names: Iterable[str], out_dir: Path, timeout_s: float) -> dict[str, str]:
@@ -322,7 +326,7 @@ def resolve(rev: str) -> str:
     res = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
                          capture_output=True, text=True, check=False)
     if res.returncode != 0:
-        raise SystemExit(f"compare_tiny: {rev!r} is not a commit here")
+        fail(f"{rev!r} is not a commit here")
     return res.stdout.strip()
 
 
@@ -419,32 +423,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             unknown = sorted(set(args.only) - set(names))
             if unknown:
-                raise SystemExit(f"compare_tiny: no {', '.join(unknown)} (have {', '.join(names)})")
+                fail(f"no {', '.join(unknown)} (have {', '.join(names)})")
             names = [n for n in names if n in args.only]
         if rev is not None:
             failed.update(run_tree("before", worktree, names, before_dir, args.timeout_s))
         if args.after_dir is None:
             failed.update(run_tree("after", ROOT, names, after_dir, args.timeout_s))
+        rows: list[Comparison] = []
+        for name in names:
+            fb, fa = before_dir / f"{name}.json", after_dir / f"{name}.json"
+            if name in failed:
+                rows.append(Comparison(name, error=f"run failed: {failed[name]}"))
+            elif rev is not None and name not in have_before:
+                rows.append(Comparison(name, differences=[((), f"no scripts/{name}.py at {rev[:12]}", "-")]))
+            elif args.after_dir is None and name not in have_after:
+                rows.append(Comparison(name, differences=[((), "-", f"no scripts/{name}.py in {ROOT}")]))
+            elif not fb.is_file() or not fa.is_file():
+                rows.append(Comparison(name, error=f"missing {fb if not fb.is_file() else fa}"))
+            else:
+                rows.append(compare(name, json.loads(fb.read_text()), json.loads(fa.read_text())))
     finally:
         if rev is not None:
             remove_worktree(worktree)
-
-    rows: list[Comparison] = []
-    for name in names:
-        fb, fa = before_dir / f"{name}.json", after_dir / f"{name}.json"
-        if name in failed:
-            rows.append(Comparison(name, error=f"run failed: {failed[name]}"))
-        elif rev is not None and name not in have_before:
-            missing = f"no scripts/{name}.py at {rev[:12]}"
-            rows.append(Comparison(name, differences=[((), missing, "present")]))
-        elif args.after_dir is None and name not in have_after:
-            rows.append(Comparison(name, differences=[((), "present", f"no scripts/{name}.py in {ROOT}")]))
-        elif not fb.is_file() or not fa.is_file():
-            rows.append(Comparison(name, error=f"missing {fb if not fb.is_file() else fa}"))
-        else:
-            rows.append(compare(name, json.loads(fb.read_text()), json.loads(fa.read_text())))
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the worktree's parent; the runs' output unless --keep
 
     print(f"before: {rev or before_dir}   after: {ROOT if args.after_dir is None else after_dir}")
     report(rows, args.show)
