@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from frenzyd import auth
+from frenzyd.net import auth
 
 
 def register(sub: Any) -> None:

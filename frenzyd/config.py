@@ -18,9 +18,9 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Final
 
-from frenzyd.auth import NODE_NAME_RE
 from frenzyd.errors import ConfigError
 from frenzyd.gpu_types import GPU_TYPES
+from frenzyd.net.auth import NODE_NAME_RE
 
 # (section, key, default shown in the reference, meaning)
 KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (

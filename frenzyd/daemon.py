@@ -22,19 +22,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from frenzyd import auth
-from frenzyd import launcher as launcher_mod
-from frenzyd.client_api import ClientApi
+from frenzyd.api.client_api import ClientApi
+from frenzyd.api.metrics import MetricsRegistry
+from frenzyd.api.web import WebServer, build_web_app
 from frenzyd.config import Config
-from frenzyd.election import Change, ElectionState
 from frenzyd.errors import ConfigError, FrenzyError
-from frenzyd.inventory import GpuInfo, Inventory, open_backend
-from frenzyd.launcher import Launcher, RankSpec
-from frenzyd.metrics import MetricsRegistry
-from frenzyd.orchestrator import SIGNED_KINDS, ClusterView, Orchestrator, Versions
-from frenzyd.peers import PeerNetwork
-from frenzyd.state import PeerState, build_status
-from frenzyd.web import WebServer, build_web_app
+from frenzyd.jobs.orchestrator import SIGNED_KINDS, ClusterView, Orchestrator, Versions
+from frenzyd.jobs.status import PeerState, build_status
+from frenzyd.net import auth
+from frenzyd.net.election import Change, ElectionState
+from frenzyd.net.network import PeerNetwork
+from frenzyd.net.wire import Body
+from frenzyd.node import launcher as launcher_mod
+from frenzyd.node.inventory import GpuInfo, Inventory, open_backend
+from frenzyd.node.launcher import Launcher, RankSpec
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +160,11 @@ class Daemon:
                                on_change=self._on_change, on_peer=lambda rec, revived: self._wake())
         net = self.net
 
-        async def send(node: str, kind: str, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
-            return (await net.send(node, kind, body, limit_s)).body
+        async def send(node: str, msg: Body, limit_s: float) -> dict[str, Any]:
+            return (await net.send(node, msg.KIND, msg.to_body(), limit_s)).body
 
-        async def send_order(node: str, kind: str, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
-            return (await net.send_signed(node, kind, body, limit_s)).body
+        async def send_order(node: str, msg: Body, limit_s: float) -> dict[str, Any]:
+            return (await net.send_signed(node, msg.KIND, msg.to_body(), limit_s)).body
 
         self.orch = Orchestrator(
             node_id=self.node_id, node_name=self.creds.node_name, data_dir=self.data_dir,
@@ -188,7 +189,7 @@ class Daemon:
             async with asyncio.TaskGroup() as tg:
                 await net.start()
                 if cfg.network.mdns:
-                    from frenzyd.discovery import Discovery
+                    from frenzyd.net.discovery import Discovery
 
                     assert net.port is not None
                     discovery = Discovery(cfg, self.creds, net.port,

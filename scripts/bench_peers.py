@@ -32,10 +32,10 @@ import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 from benchmeta import provenance, write_results  # noqa: E402
 
-from frenzyd import auth, tls, wire  # noqa: E402
 from frenzyd.config import config_from_dict  # noqa: E402
-from frenzyd.election import ElectionState  # noqa: E402
-from frenzyd.peers import CONNECTIONS_PER_PEER, CONTENT_TYPE, MSG_PATH, PeerNetwork  # noqa: E402
+from frenzyd.net import auth, tls, wire  # noqa: E402
+from frenzyd.net.election import ElectionState  # noqa: E402
+from frenzyd.net.network import CONNECTIONS_PER_PEER, CONTENT_TYPE, MSG_PATH, PeerNetwork  # noqa: E402
 
 wire.register_kind("bench.echo", wire.Schema(required={"seq": int}, optional={"pad": bytes}))
 

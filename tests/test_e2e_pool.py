@@ -230,8 +230,8 @@ _GET = "import sys,urllib.request;print(urllib.request.urlopen(sys.argv[1],timeo
 _TLS_PROBE = """
 import socket, ssl, sys
 from pathlib import Path
-from frenzyd.auth import load_credentials
-from frenzyd.tls import client_context
+from frenzyd.net.auth import load_credentials
+from frenzyd.net.tls import client_context
 creds = load_credentials(Path(sys.argv[1]))
 ctx = client_context(creds)
 ctx.check_hostname = False

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from frenzyd import auth
 from frenzyd.config import Config, config_from_dict
+from frenzyd.net import auth
 
 
 @pytest.fixture(scope="session")

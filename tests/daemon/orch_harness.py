@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from frenzyd import launcher as launcher_mod
-from frenzyd import wire
 from frenzyd.errors import DaemonUnreachable
-from frenzyd.launcher import Launcher, RankSpec
-from frenzyd.orchestrator import ClusterView, Orchestrator, Versions
+from frenzyd.jobs.orchestrator import ClusterView, Orchestrator, Versions
+from frenzyd.net import wire
+from frenzyd.node import launcher as launcher_mod
+from frenzyd.node.launcher import Launcher, RankSpec
 
 GIB = 1 << 30
 PY = ".".join(map(str, sys.version_info[:3]))
@@ -70,12 +70,12 @@ class Pool:
         return ClusterView(self.coordinator, self.term, peers)
 
     def sender(self, src: str) -> Any:
-        async def send(dst: str, kind: str, body: dict[str, Any], limit: float) -> dict[str, Any]:
+        async def send(dst: str, out: wire.Body, limit: float) -> dict[str, Any]:
             if dst in self.down or src in self.down or dst not in self.nodes:
                 raise DaemonUnreachable(f"{dst} is down")
-            msg = wire.decode(wire.encode(kind, body))
+            msg = wire.decode(wire.encode_message(out))  # the same bytes and checks as the network
             handler = self.nodes[dst].orch.handlers()[msg.kind]
-            reply = await asyncio.wait_for(handler(src, msg.body), limit)
+            reply = await asyncio.wait_for(handler(src, wire.parse(msg)), limit)
             return wire.decode(wire.encode("ok", reply)).body
         return send
 

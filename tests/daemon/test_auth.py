@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzyd import auth, wire
 from frenzyd.errors import AuthError, ConfigError
+from frenzyd.net import auth, wire
 
 NOW = dt.datetime.now(dt.UTC)
 

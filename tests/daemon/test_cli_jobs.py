@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from frenzy_client.cmd_jobs import parse_bytes
-from frenzyd.client_api import ClientApi
+from frenzyd.api.client_api import ClientApi
 from frenzyd.errors import ConfigError
-from frenzyd.state import PeerState, build_status
+from frenzyd.jobs.status import PeerState, build_status
 
 from .orch_harness import DDP_SCRIPT, Pool, job_dir
 

@@ -12,10 +12,10 @@ import pytest
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from frenzyd import auth
-from frenzyd.discovery import SERVICE_TYPE, Discovery, parse_hints, txt_hints
-from frenzyd.election import ElectionState, Role
-from frenzyd.peers import PeerNetwork
+from frenzyd.net import auth
+from frenzyd.net.discovery import SERVICE_TYPE, Discovery, parse_hints, txt_hints
+from frenzyd.net.election import ElectionState, Role
+from frenzyd.net.network import PeerNetwork
 
 from .conftest import fast_config
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzyd.election import ElectionState, PeerView, Role
 from frenzyd.errors import ElectionError
+from frenzyd.net.election import ElectionState, PeerView, Role
 
 GRACE = 3.0
 TIMEOUT = 4.0

@@ -9,7 +9,7 @@ import pytest
 
 from frenzyd.errors import ConfigError, InventoryError
 from frenzyd.gpu_types import GIB, GPU_TYPES
-from frenzyd.inventory import (
+from frenzyd.node.inventory import (
     DeclaredBackend,
     GpuBackend,
     GpuInfo,

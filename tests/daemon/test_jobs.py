@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import ConfigError, JobStateError, LeaseError, WireError
-from frenzyd.jobs import (
+from frenzyd.jobs.model import (
     JOB_STATES,
     MAX_ATTEMPTS,
     TERMINAL,
+    JobPlan,
     JobRecord,
     JobSpec,
     JobTable,
@@ -23,6 +24,8 @@ from frenzyd.jobs import (
 
 SHA = "ab" * 32
 
+
+PLAN2 = JobPlan("T4", gpus=2, dp=2, tp=1, pp=1, zero=0, bytes_per_gpu=1)
 
 def spec(**kw: object) -> JobSpec:
     base: dict[str, object] = {
@@ -92,7 +95,7 @@ def test_untrusted_spec_raises_wire_error(mutate: object) -> None:
 def test_record_lifecycle_success() -> None:
     r = new_record("ws1-1", spec(), "node-a", "a", now=1.0)
     assert r.state == "queued"
-    r = transition(r, "running", now=2.0, plan={"gpus": 2}, ranks=ranks(2), term=3)
+    r = transition(r, "running", now=2.0, plan=PLAN2, ranks=ranks(2), term=3)
     assert (r.state, r.attempts, r.term, r.world_size) == ("running", 1, 3, 2)
     r = record_exits(r, {0: 0}, now=3.0)
     assert r.state == "running"
@@ -265,7 +268,7 @@ def test_a_gpu_is_never_leased_twice(ops: list[tuple[str, str, set[str], int]]) 
             assert lease.term <= lt.highest_term
 
 
-@pytest.mark.parametrize("module", ["frenzyd.jobs", "frenzyd.state", "frenzyd.placement"])
+@pytest.mark.parametrize("module", ["frenzyd.jobs.model", "frenzyd.jobs.status", "frenzyd.jobs.placement"])
 def test_orchestration_core_is_pure(module: str) -> None:
     """jobs/state/placement are part of the pure core (DESIGN.md §2): no sockets, asyncio, torch..."""
     import subprocess
@@ -274,7 +277,7 @@ def test_orchestration_core_is_pure(module: str) -> None:
     forbidden = ["socket", "asyncio", "torch", "zeroconf", "aiohttp", "threading", "pynvml", "transformers"]
     code = (
         f"import sys, importlib; importlib.import_module({module!r}); "
-        "from frenzyd.placement import schedule; schedule([], [], now_s=0.0); "
+        "from frenzyd.jobs.placement import schedule; schedule([], [], now_s=0.0); "
         f"bad = [m for m in {forbidden!r} if m in sys.modules]; print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

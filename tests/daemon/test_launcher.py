@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import LaunchError
-from frenzyd.launcher import Launcher, RankSpec, collect_results, pack_dir, unpack
+from frenzyd.node.launcher import Launcher, RankSpec, collect_results, pack_dir, unpack
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP_TINY = ROOT / "frenzyd" / "examples" / "ddp_tiny.py"
@@ -229,7 +229,7 @@ PARENT = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from frenzyd.launcher import Launcher, RankSpec
+    from frenzyd.node.launcher import Launcher, RankSpec
 
     async def main():
         tmp = Path(sys.argv[1])

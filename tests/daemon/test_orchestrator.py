@@ -12,9 +12,10 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-from frenzyd import launcher as launcher_mod
-from frenzyd.launcher import RankSpec
-from frenzyd.orchestrator import Orchestrator, Versions
+from frenzyd.jobs.messages import JobStop, LeaseRequest
+from frenzyd.jobs.orchestrator import Orchestrator, Versions
+from frenzyd.node import launcher as launcher_mod
+from frenzyd.node.launcher import RankSpec
 
 from .orch_harness import GIB, PY, Pool, eventually, job_dir, pool, request, wait_state
 
@@ -100,20 +101,20 @@ async def test_stale_term_lease_and_launch_are_refused(pool: Pool) -> None:
     a, b = pool.add("a", 1), pool.add("b", 1)
     pool.coordinator, pool.term = "b", 5
     h = b.orch.handlers()
-    ok = await a.orch.handlers()["lease.request"]("b", {"job_id": "j1", "gpus": ["SIM-a-0"], "term": 5})
+    ok = await a.orch.handlers()["lease.request"]("b", LeaseRequest("j1", ("SIM-a-0",), 5))
     assert ok["ok"]
     # A deposed coordinator (term 4) cannot lease or launch on a.
-    stale = await a.orch.handlers()["lease.request"]("old", {"job_id": "j2", "gpus": ["SIM-a-0"], "term": 4})
+    stale = await a.orch.handlers()["lease.request"]("old", LeaseRequest("j2", ("SIM-a-0",), 4))
     assert not stale["ok"]
     assert "term" in stale["reason"]
     # Not the coordinator of the current term either.
-    other = await a.orch.handlers()["lease.request"]("a", {"job_id": "j3", "gpus": ["SIM-a-0"], "term": 5})
+    other = await a.orch.handlers()["lease.request"]("a", LeaseRequest("j3", ("SIM-a-0",), 5))
     assert not other["ok"]
     # The GPU stays leased to one job only.
-    busy = await a.orch.handlers()["lease.request"]("b", {"job_id": "j4", "gpus": ["SIM-a-0"], "term": 5})
+    busy = await a.orch.handlers()["lease.request"]("b", LeaseRequest("j4", ("SIM-a-0",), 5))
     assert not busy["ok"]
     assert "leased to job j1" in busy["reason"]
-    stop = await a.orch.handlers()["job.stop"]("old", {"job_id": "j1", "term": 4})
+    stop = await a.orch.handlers()["job.stop"]("old", JobStop("j1", 4))
     assert not stop["ok"]
     assert h  # b's handlers exist too (same table for every node)
 

@@ -13,12 +13,12 @@ import aiohttp
 import msgpack
 import pytest
 
-from frenzyd import auth, tls, wire
-from frenzyd.election import ElectionState, Role
 from frenzyd.errors import PeerError
-from frenzyd.peer_table import AddressBook, PeerTable
-from frenzyd.peers import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
-from frenzyd.ratelog import RateLimitedLog
+from frenzyd.net import auth, tls, wire
+from frenzyd.net.election import ElectionState, Role
+from frenzyd.net.network import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
+from frenzyd.net.peer_table import AddressBook, PeerTable
+from frenzyd.net.ratelog import RateLimitedLog
 
 from .conftest import fast_config
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import InfeasibleError
-from frenzyd.jobs import JobSpec
-from frenzyd.placement import OfferedGpu, PeerOffer, QueuedJob, _pack, place, schedule
+from frenzyd.jobs.model import JobSpec
+from frenzyd.jobs.placement import OfferedGpu, PeerOffer, QueuedJob, _pack, place, schedule
 
 GIB = 1 << 30
 
@@ -32,7 +32,7 @@ def test_packs_onto_one_peer_when_possible() -> None:
     assert pl is not None
     assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "b", 0), (1, "b", 1)]
     assert pl.backend == "gloo"
-    assert pl.plan["peers"] == 1
+    assert pl.plan.peers == 1
 
 
 def test_spans_peers_and_numbers_ranks_peer_by_peer() -> None:
@@ -114,8 +114,8 @@ def test_schedule_uses_has_and_prefers_the_smaller_memory_type() -> None:
     assert not sched.infeasible
     (job, pl), = sched.start
     assert job == "j1"
-    assert pl.plan["policy"] == "frenzy"
-    assert pl.plan["gpu_type"] == "RTX-3090"  # faster than the A10, same memory
+    assert pl.plan.policy == "frenzy"
+    assert pl.plan.gpu_type == "RTX-3090"  # faster than the A10, same memory
     assert [(r.rank, r.peer, r.local_rank) for r in pl.ranks] == [(0, "a", 0), (1, "a", 1)]
 
 
@@ -136,7 +136,7 @@ def test_schedule_places_a_declared_job_across_gpu_types() -> None:
     sched = schedule([q("j", spec(2, 20 * GIB))], offers, now_s=0.0)
     (_, pl), = sched.start
     assert {r.peer for r in pl.ranks} == {"n0", "n1"}
-    assert pl.plan["policy"].startswith("packing")
+    assert pl.plan.policy.startswith("packing")
 
 
 @settings(max_examples=60, deadline=None)
@@ -171,11 +171,11 @@ def test_schedule_model_job_uses_marp_plans() -> None:
     offers = [peer("a", [("T4", 16, True)] * 2), peer("b", [("A100-80GB", 80, True)])]
     sched = schedule([q("m", s)], offers, now_s=0.0)
     (_, pl), = sched.start
-    assert pl.plan["source"] == "marp"
-    assert pl.plan["policy"] == "frenzy"
-    assert 0 < pl.plan["bytes_per_gpu"] < 16 * GIB
-    assert pl.plan["step_time_s"] > 0
-    assert len(pl.ranks) == pl.plan["gpus"] == pl.plan["dp"] * pl.plan["tp"] * pl.plan["pp"]
+    assert pl.plan.source == "marp"
+    assert pl.plan.policy == "frenzy"
+    assert 0 < pl.plan.bytes_per_gpu < 16 * GIB
+    assert pl.plan.step_time_s > 0
+    assert len(pl.ranks) == pl.plan.gpus == pl.plan.dp * pl.plan.tp * pl.plan.pp
     bad = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
                   torch_version="2.13.0", model="/etc/passwd", seq_len=128)
     sched = schedule([q("x", bad)], offers, now_s=0.0)

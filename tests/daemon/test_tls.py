@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from frenzyd import auth, tls
+from frenzyd.net import auth, tls
 
 
 class Failures(list[str]):

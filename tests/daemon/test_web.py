@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from frenzyd.metrics import MetricsRegistry
-from frenzyd.web import WebServer, build_web_app
+from frenzyd.api.metrics import MetricsRegistry
+from frenzyd.api.web import WebServer, build_web_app
 
 GIB = 1024**3
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzyd import wire
 from frenzyd.errors import WireError
-from frenzyd.wire import FrameRejected, Schema
+from frenzyd.net import wire
+from frenzyd.net.wire import FrameRejected, Schema
 
 HB = {"node_id": "ab" * 16, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 0, "term": 3}
 

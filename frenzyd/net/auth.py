@@ -31,8 +31,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from frenzyd import wire
 from frenzyd.errors import AuthError, ConfigError, WireError
+from frenzyd.net import wire
 
 if TYPE_CHECKING:
     from cryptography import x509

@@ -4,7 +4,7 @@ Each rank is its own process in its own process group (so cancel kills the
 whole group, TERM then KILL), armed with a parent-death signal (so ranks die with
 the daemon) and recorded in a pid file under ``data_dir/launcher`` (so a
 restarted daemon reaps leftovers).  The rendezvous store of a job runs in a
-child process (:mod:`frenzyd.rendezvous_store`) bound to the pool interface.
+child process (:mod:`frenzyd.node.rendezvous_store`) bound to the pool interface.
 Payloads (the job's directory, rank 0's output files) are gzip'd tars, size-capped
 and hash-checked; unpacking rejects anything but plain files and directories
 inside the destination.
@@ -224,7 +224,7 @@ class Launcher:
         with log_path.open("wb") as errlog:
             proc = await asyncio.create_subprocess_exec(
                 # -P and a cwd of our own: a `frenzyd` directory in the daemon's cwd must not shadow ours
-                sys.executable, "-P", "-m", "frenzyd.rendezvous_store", "--host", bind_addr,
+                sys.executable, "-P", "-m", "frenzyd.node.rendezvous_store", "--host", bind_addr,
                 "--port-min", str(lo), "--port-max", str(hi), "--expected-parent", str(os.getpid()),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog, cwd=self.dir,
                 start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},

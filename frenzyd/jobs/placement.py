@@ -31,7 +31,8 @@ from typing import Any
 
 from frenzyd.errors import FrenzyError, InfeasibleError
 from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, GPU_TYPES
-from frenzyd.jobs import JobSpec, RankAssignment
+from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment
+from frenzyd.marp.spec import Plan
 
 DEFAULT_HEADROOM = 0.10
 """Fraction of a GPU's memory kept free on top of MARP's prediction (plan fits when
@@ -66,11 +67,14 @@ class PeerOffer:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """A plan (status JSON ``plan``) and the ranks that realise it."""
+    """A plan (status JSON ``plan``, its ``backend`` set) and the ranks that realise it."""
 
-    plan: dict[str, Any]
+    plan: JobPlan
     ranks: tuple[RankAssignment, ...]
-    backend: str
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend or "gloo"
 
 
 def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:
@@ -137,13 +141,10 @@ def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None
     ranks = _number(chosen)
     gpus = [g for _, gs in chosen for g in gs]
     types = sorted({g.type for g in gpus})
-    plan = {
-        "source": "declared",
-        "gpu_type": types[0] if len(types) == 1 else "+".join(types),
-        "gpus": need, "dp": need, "tp": 1, "pp": 1, "zero": 0,
-        "bytes_per_gpu": mem, "peers": len(chosen),
-    }
-    return Placement(plan, ranks, _backend(gpus))
+    plan = JobPlan(gpu_type=types[0] if len(types) == 1 else "+".join(types), gpus=need, dp=need, tp=1,
+                   pp=1, zero=0, bytes_per_gpu=mem, source="declared", peers=len(chosen),
+                   backend=_backend(gpus))
+    return Placement(plan, ranks)
 
 
 def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) -> Placement | None:
@@ -154,25 +155,25 @@ def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) ->
             "even when idle: use a smaller --micro-batch or --seq-len, --recompute full, or --zero 3"
         )
     for plan in marp_plans(spec, offers, headroom=headroom, only_available=True):
-        per = int(plan["bytes_per_gpu"] * (1 + headroom))
+        per = int(plan.bytes_per_gpu * (1 + headroom))
         groups = {
             p.node_id: [
-                g for g in p.gpus if g.available and g.type == plan["gpu_type"] and g.free_bytes >= per
+                g for g in p.gpus if g.available and g.type == plan.gpu_type and g.free_bytes >= per
             ]
             for p in offers
         }
-        chosen = _pack(offers, groups, int(plan["gpus"]), group=int(plan["tp"]))
+        chosen = _pack(offers, groups, plan.gpus, group=plan.tp)
         if chosen is None:
             continue
         gpus = [g for _, gs in chosen for g in gs]
-        return Placement({**plan, "source": "marp", "peers": len(chosen)}, _number(chosen), _backend(gpus))
+        return Placement(replace(plan, peers=len(chosen), backend=_backend(gpus)), _number(chosen))
     return None
 
 
 def marp_plans(
     spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
-) -> list[dict[str, Any]]:
-    """MARP's feasible plans (DESIGN.md §6 plan dicts, best first) over the offered GPU types."""
+) -> list[JobPlan]:
+    """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types."""
     from frenzyd.errors import ModelConfigError
     from frenzyd.marp.model import list_presets, load_model, spec_from_config
     from frenzyd.marp.plans import feasible_plans
@@ -209,9 +210,9 @@ def marp_plans(
         return []
     plans = feasible_plans(model, setup, pools, headroom=headroom)
     return [
-        {"gpu_type": pl.gpu_type, "gpus": pl.gpus, "dp": pl.dp, "tp": pl.tp, "pp": pl.pp, "zero": pl.zero,
-         "micro_batch": pl.micro_batch, "grad_accum": pl.grad_accum, "bytes_per_gpu": pl.bytes_per_gpu,
-         "gpu_memory_bytes": pl.gpu_memory_bytes, "step_time_s": pl.step_time_s}
+        JobPlan(gpu_type=pl.gpu_type, gpus=pl.gpus, dp=pl.dp, tp=pl.tp, pp=pl.pp, zero=pl.zero,
+                micro_batch=pl.micro_batch, grad_accum=pl.grad_accum, bytes_per_gpu=pl.bytes_per_gpu,
+                gpu_memory_bytes=pl.gpu_memory_bytes, step_time_s=pl.step_time_s, source="marp")
         for pl in plans
     ]
 
@@ -282,7 +283,7 @@ class Schedule:
     policy: str
 
 
-def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[dict[str, Any]]:
+def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[JobPlan]:
     assert spec.nproc is not None
     assert spec.mem_per_rank is not None
     mem: dict[str, int] = {}
@@ -290,14 +291,17 @@ def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[dict[str
         for g in p.gpus:
             mem[g.type] = max(mem.get(g.type, 0), g.memory_bytes)
     return [
-        {"gpu_type": t, "gpus": spec.nproc, "dp": spec.nproc, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 1,
-         "grad_accum": 1, "bytes_per_gpu": spec.mem_per_rank, "gpu_memory_bytes": m, "step_time_s": 0.0}
+        JobPlan(gpu_type=t, gpus=spec.nproc, dp=spec.nproc, tp=1, pp=1, zero=0, micro_batch=1, grad_accum=1,
+                bytes_per_gpu=spec.mem_per_rank, gpu_memory_bytes=m, source="declared")
         for t, m in sorted(mem.items()) if m >= spec.mem_per_rank
     ]
 
 
-_PLAN_KEYS = ("gpu_type", "gpus", "dp", "tp", "pp", "zero", "micro_batch", "grad_accum", "bytes_per_gpu",
-              "gpu_memory_bytes")
+def _has_plan(p: JobPlan) -> Plan:
+    """The HAS plan of a candidate (declared plans carry no step time: 0.0 until the speed model's)."""
+    return Plan(gpu_type=p.gpu_type, gpus=p.gpus, dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero,
+                micro_batch=p.micro_batch or 1, grad_accum=p.grad_accum or 1, bytes_per_gpu=p.bytes_per_gpu,
+                gpu_memory_bytes=p.gpu_memory_bytes or 0, step_time_s=p.step_time_s or 0.0)
 
 
 def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
@@ -331,34 +335,33 @@ def schedule(
     from frenzyd.has.frenzy import FrenzyPolicy
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
     from frenzyd.has.speed import JobSpeed
-    from frenzyd.marp.spec import Plan
 
     infeasible: list[tuple[str, str]] = []
     views: list[Any] = []
-    plan_dicts: dict[str, list[dict[str, Any]]] = {}
+    candidates: dict[str, list[JobPlan]] = {}
     for q in queue:
         matching = [p for p in offers if versions_match(q.spec, p)]
         try:
             place(q.spec, offers, headroom=headroom)  # raises when it can never fit
             model = q.spec.model is not None or q.spec.model_config is not None
-            dicts = marp_plans(q.spec, matching, headroom=headroom, only_available=False) if model else []
+            cands = marp_plans(q.spec, matching, headroom=headroom, only_available=False) if model else []
         except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
             infeasible.append((q.job_id, str(exc)))
             continue
         if model:
             params = 0
         else:
-            dicts = _declared_plans(q.spec, matching)
+            cands = _declared_plans(q.spec, matching)
             params = max(1, (q.spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (q.spec.nproc or 1)
         speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
         plans = []
-        for d in dicts:
-            base = Plan(**{k: d[k] for k in _PLAN_KEYS}, step_time_s=float(d["step_time_s"]))
+        for c in cands:
+            base = _has_plan(c)
             if not base.step_time_s:
                 base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
             plans.append(base)
-        plan_dicts[q.job_id] = dicts
+        candidates[q.job_id] = cands
         views.append(JobView(job_id=q.job_id, arrival_s=q.arrival_s, requested_gpus=q.spec.nproc or 1,
                              plans=tuple(plans), speed=speed, total_steps=1.0, remaining_steps=1.0))
     views = _declared_work(views, {q.job_id: q.spec.steps for q in queue})
@@ -396,17 +399,13 @@ def schedule(
             groups.setdefault(hg.peer, []).append(by_key[(hg.peer, hg.index)])
         ordered = [(peer_of[n], gs) for n, gs in groups.items()]
         taken.update(og.uuid for _, gs in ordered for og in gs)
-        match = [x for x in plan_dicts[pl.job_id] if (x["gpu_type"], x["gpus"], x["tp"], x["pp"], x["zero"])
-                 == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero)]
-        source = "marp" if spec.model is not None or spec.model_config is not None else "declared"
-        plan_d: dict[str, Any] = {**(match[0] if match else {}), "source": source, "policy": "frenzy",
-                                  "peers": len(ordered)}
-        if source == "marp":
-            plan_d["step_time_s"] = pl.plan.step_time_s
-        else:
-            plan_d.pop("step_time_s", None)  # an assumption, not a prediction: not shown
-        backend = _backend([og for _, gs in ordered for og in gs])
-        start.append((pl.job_id, Placement(plan_d, _number(ordered), backend)))
+        match = next(c for c in candidates[pl.job_id] if (c.gpu_type, c.gpus, c.tp, c.pp, c.zero)
+                     == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero))
+        # A declared job's step time is the speed model's assumption, not a prediction: not shown.
+        step = pl.plan.step_time_s if match.source == "marp" else None
+        plan = replace(match, step_time_s=step, policy="frenzy", peers=len(ordered),
+                       backend=_backend([og for _, gs in ordered for og in gs]))
+        start.append((pl.job_id, Placement(plan, _number(ordered))))
     # Declared jobs HAS could not place on one type: a mix of types may hold them now.
     placed = {j for j, _ in start} | {j for j, _ in infeasible}
     for q in queue:
@@ -415,7 +414,7 @@ def schedule(
         rest = [_without(p, taken) for p in offers]
         mixed = place(q.spec, rest, headroom=headroom)
         if mixed is not None:
-            mixed.plan["policy"] = "packing (mixed GPU types)"
+            mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
     return Schedule(tuple(start), tuple(infeasible), "frenzy")

@@ -7,34 +7,69 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import FrenzyError, JobStateError, LaunchError, WireError
-from frenzyd.jobs import (
+from frenzyd.jobs.context import (
+    CHUNK,
+    RESUBMIT_S,
+    SEND_TIMEOUT_S,
+    ClusterView,
+    RoleContext,
+    Versions,
+    own_codes,
+    slug,
+)
+from frenzyd.jobs.messages import (
+    Ack,
+    JobCancel,
+    JobExit,
+    JobFinished,
+    JobOutput,
+    JobResults,
+    JobState,
+    JobSubmit,
+    PayloadChunk,
+    PayloadFetch,
+    StateAck,
+)
+from frenzyd.jobs.model import (
     JobRecord,
     JobSpec,
     new_record,
     record_exits,
     transition,
 )
-from frenzyd.orch_common import (
-    CHUNK,
-    RESUBMIT_S,
-    SEND_TIMEOUT_S,
-    ClusterView,
-    RoleBase,
-    own_codes,
-    slug,
-)
+from frenzyd.jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 
 
-class SubmitterRole(RoleBase):
+class SubmitterRole:
     """Keeps the authoritative records of the jobs submitted on this node."""
+
+    def __init__(
+        self,
+        ctx: RoleContext,
+        store: JobStore,
+        *,
+        pack_dir: Callable[[Path, int], tuple[bytes, str]],
+        versions: Versions,
+        max_payload_bytes: int,
+        max_result_bytes: int,
+    ) -> None:
+        self.ctx = ctx
+        self.store = store
+        self._pack_dir = pack_dir
+        self.versions = versions
+        self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
+        self._acked: dict[str, tuple[str, int]] = {}  # job -> (coordinator, term) that has it
+        self._resend_at: dict[str, float] = {}
+        self._cancelling: set[str] = set()
+        self._results_buf: dict[str, bytearray] = {}
 
     async def submit(self, request: Mapping[str, Any]) -> JobRecord:
         """Pack ``request['workdir']``, persist a queued job and hand it to the coordinator.
@@ -53,13 +88,13 @@ class SubmitterRole(RoleBase):
             spec = JobSpec.from_dict(fields)
         except WireError as exc:
             raise JobStateError(str(exc).removeprefix("job spec: ")) from None
-        now = self.clock()
+        now = self.ctx.clock()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-        job_id = f"{slug(self.node_name)}-{stamp}-{secrets.token_hex(2)}"
-        rec = new_record(job_id, spec, self.node_id, self.node_name, now)
+        job_id = f"{slug(self.ctx.node_name)}-{stamp}-{secrets.token_hex(2)}"
+        rec = new_record(job_id, spec, self.ctx.node_id, self.ctx.node_name, now)
         await asyncio.to_thread(self.store.create, rec, payload)
         log.info("job %s queued (%s)", job_id, " ".join(spec.argv))
-        self.wake()
+        self.ctx.wake()
         return rec
 
     async def cancel(self, job_id: str) -> JobRecord:
@@ -67,30 +102,31 @@ class SubmitterRole(RoleBase):
         rec = self.store.get(job_id)
         if rec.terminal:
             return rec
-        v = self._view()
+        v = self.ctx.view()
         if rec.state == "running" or (v.coordinator is not None and rec.id in self._acked):
             if v.coordinator is None:
                 raise JobStateError("no coordinator right now: the cancel cannot reach the ranks; "
                                     "retry shortly")
             self._cancelling.add(job_id)  # exits of the killed ranks now mean "cancelled"
             try:
-                await self._send(v.coordinator, "job.cancel", {"job_id": job_id}, SEND_TIMEOUT_S)
+                await self.ctx.send(v.coordinator, JobCancel(job_id), SEND_TIMEOUT_S)
             except FrenzyError:
                 self._cancelling.discard(job_id)
                 raise
         rec = self.store.get(job_id)
         if not rec.terminal:
-            rec = transition(rec, "cancelled", now=self.clock(), message="cancelled by user")
+            rec = transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user")
             self.store.save(rec)
         return rec
 
-    async def _submitter_tick(self, v: ClusterView) -> None:
-        now = self.clock()
+    async def tick(self, v: ClusterView) -> None:
+        """Requeue jobs whose ranks were lost; (re)submit unfinished jobs to the coordinator."""
+        now = self.ctx.clock()
         for stored in self.store.all():
             rec = stored
             if rec.terminal:
                 continue
-            if rec.state == "running" and now - (rec.started_at or now) > 5 * self.heartbeat_s + 10:
+            if rec.state == "running" and now - (rec.started_at or now) > 5 * self.ctx.heartbeat_s + 10:
                 lost = [p for p in rec.peers() if not self._peer_has_job(v, p, rec.id)
                         and not self._peer_exited(rec, p)]
                 if lost:
@@ -103,12 +139,11 @@ class SubmitterRole(RoleBase):
                 continue
             self._resend_at[rec.id] = now + RESUBMIT_S
             try:
-                reply = await self._send(v.coordinator, "job.submit", {"record": rec.to_dict()},
-                                         SEND_TIMEOUT_S)
+                reply = await self.ctx.send(v.coordinator, JobSubmit(rec), SEND_TIMEOUT_S)
             except FrenzyError as exc:
                 log.info("job %s: coordinator unreachable (%s); will retry", rec.id, exc)
                 continue
-            if reply.get("ok"):
+            if Ack.from_body(reply).ok:
                 self._acked[rec.id] = (v.coordinator, v.term)
 
     @staticmethod
@@ -122,45 +157,42 @@ class SubmitterRole(RoleBase):
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
         return all(r.rank in rec.exit_codes for r in rec.ranks if r.peer == peer)
 
-    def _apply_placement(self, rec: JobRecord, body: Mapping[str, Any]) -> JobRecord:
-        """Submitter: adopt the coordinator's placement carried in a state or exit message."""
-        theirs = JobRecord.from_dict(body)
+    def _apply_placement(self, rec: JobRecord, theirs: JobRecord) -> JobRecord:
+        """Adopt the coordinator's placement carried in a state or exit message."""
         if rec.state == "running" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "queued", now=self.clock(), message="placed again by the coordinator")
+            rec = transition(rec, "queued", now=self.ctx.clock(), message="placed again by the coordinator")
         if rec.state == "queued" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "running", now=self.clock(), plan=theirs.plan, ranks=theirs.ranks,
+            rec = transition(rec, "running", now=self.ctx.clock(), plan=theirs.plan, ranks=theirs.ranks,
                              term=theirs.term, message="placed")
             self.store.save(rec)
             log.info("job %s running on %d rank(s), term %d", rec.id, rec.world_size, rec.term)
         return rec
 
-    async def _h_state(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        theirs = JobRecord.from_dict(body["record"])
+    async def on_state(self, peer: str, msg: JobState) -> StateAck:
+        theirs = msg.record
         rec = self.store.get(theirs.id)
         if rec.terminal:
-            return {"ok": True, "state": rec.state}
+            return StateAck(rec.state)
         if theirs.state == "running":
-            rec = self._apply_placement(rec, body["record"])
+            rec = self._apply_placement(rec, theirs)
         elif theirs.state == "failed" and rec.state == "queued":
-            rec = transition(rec, "failed", now=self.clock(), message=theirs.message)
+            rec = transition(rec, "failed", now=self.ctx.clock(), message=theirs.message)
             self.store.save(rec)
         elif theirs.state == "queued" and rec.state == "running" and theirs.term == 0:
-            rec = transition(rec, "queued", now=self.clock(), message=theirs.message)
+            rec = transition(rec, "queued", now=self.ctx.clock(), message=theirs.message)
             self.store.save(rec)
             self._acked.pop(rec.id, None)
-        return {"ok": True, "state": rec.state}
+        return StateAck(rec.state)
 
-    async def _h_output(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        rec = self.store.get(body["job_id"])
-        now = self.clock()
-        for ch in body["chunks"]:
-            if (isinstance(ch, list) and len(ch) == 3 and isinstance(ch[0], int) and isinstance(ch[1], str)
-                    and isinstance(ch[2], bytes)):
-                self.store.append_output(rec.id, ch[0], ch[1][:16], ch[2], now)
-        return {"ok": True}
+    async def on_output(self, peer: str, msg: JobOutput) -> Ack:
+        rec = self.store.get(msg.job_id)
+        now = self.ctx.clock()
+        for ch in msg.chunks:
+            self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now)
+        return Ack()
 
-    async def _h_results(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        job_id, off, total, data = body["job_id"], body["offset"], body["total"], body["data"]
+    async def on_results(self, peer: str, msg: JobResults) -> Ack:
+        job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
         self.store.get(job_id)
         if total > self.max_result_bytes or off < 0:
             raise LaunchError(f"results of {total} bytes exceed the cap of {self.max_result_bytes}")
@@ -173,39 +205,39 @@ class SubmitterRole(RoleBase):
         if len(buf) >= total:
             await asyncio.to_thread(self.store.write_results, job_id, bytes(buf))
             del self._results_buf[job_id]
-        return {"ok": True}
+        return Ack()
 
-    def _submitter_exit(self, peer: str, body: dict[str, Any], raw: dict[int, int]) -> None:
-        job_id = body["job_id"]
-        mine = self.store.find(job_id)
+    def on_exit(self, peer: str, msg: JobExit) -> None:
+        """A peer's ranks of one of our jobs exited: requeue (vacated) or record the exit codes."""
+        mine = self.store.find(msg.job_id)
         if mine is not None and not mine.terminal:
-            if "record" in body:
-                mine = self._apply_placement(mine, body["record"])
+            if msg.record is not None:
+                mine = self._apply_placement(mine, msg.record)
             # A peer reports only the ranks it was given.
-            codes = own_codes(raw, mine, peer)
-            if mine.term == body["term"] and mine.state == "running" and body.get("vacated"):
-                why = str(body.get("reason") or "it stopped")
-                rec = transition(mine, "queued", now=self.clock(),
+            codes = own_codes(msg.exit_codes, mine, peer)
+            if mine.term == msg.term and mine.state == "running" and msg.vacated:
+                why = msg.reason or "it stopped"
+                rec = transition(mine, "queued", now=self.ctx.clock(),
                                  message=f"vacated by peer {peer[:12]}: {why}")
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
-            elif mine.term == body["term"]:
-                rec = record_exits(mine, codes, now=self.clock())
+            elif mine.term == msg.term:
+                rec = record_exits(mine, codes, now=self.ctx.clock())
                 if rec.state == "failed" and rec.id in self._cancelling:
                     rec = replace(rec, state="cancelled", message="cancelled by user")
                 if rec != mine:
                     self.store.save(rec)
                 if rec.terminal:
                     log.info("job %s %s: %s", rec.id, rec.state, rec.message)
-                    self._spawn(self._announce_finished(rec), f"finished {rec.id}")
+                    self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
 
-    async def _h_payload(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        length = max(0, min(int(body["length"]), CHUNK))
-        data, total = await asyncio.to_thread(self.store.payload, body["job_id"], int(body["offset"]), length)
-        return {"ok": True, "data": data, "total": total}
+    async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk:
+        length = max(0, min(msg.length, CHUNK))
+        data, total = await asyncio.to_thread(self.store.payload, msg.job_id, msg.offset, length)
+        return PayloadChunk(data, total)
 
     async def _announce_finished(self, rec: JobRecord) -> None:
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
-                await self._send(peer, "job.finished", {"job_id": rec.id}, SEND_TIMEOUT_S)
+                await self.ctx.send(peer, JobFinished(rec.id), SEND_TIMEOUT_S)

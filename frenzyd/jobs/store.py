@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import JobStateError, WireError
-from frenzyd.jobs import JobRecord, valid_job_id
+from frenzyd.jobs.model import JobRecord, valid_job_id
 
 log = logging.getLogger(__name__)
 

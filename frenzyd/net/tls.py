@@ -14,7 +14,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from frenzyd.auth import Credentials
+from frenzyd.net.auth import Credentials
 
 OnHandshakeFailure = Callable[[str], None]
 

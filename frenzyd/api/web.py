@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from frenzyd.metrics import CONTENT_TYPE, MetricsRegistry
+from frenzyd.api.metrics import CONTENT_TYPE, MetricsRegistry
 
 log = logging.getLogger(__name__)
 

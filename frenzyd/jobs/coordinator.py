@@ -5,10 +5,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from dataclasses import replace
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
-from frenzyd.jobs import (
+from frenzyd.jobs.context import (
+    KEEP_FINISHED,
+    LAUNCH_TIMEOUT_S,
+    SEND_TIMEOUT_S,
+    ClusterView,
+    RoleContext,
+    host_of,
+    own_codes,
+)
+from frenzyd.jobs.messages import (
+    Ack,
+    JobCancel,
+    JobExit,
+    JobLaunch,
+    JobState,
+    JobStop,
+    JobSubmit,
+    LaunchAck,
+    LeaseRelease,
+    LeaseRequest,
+    StateAck,
+)
+from frenzyd.jobs.model import (
     TERMINAL,
     JobRecord,
     JobTable,
@@ -16,39 +38,38 @@ from frenzyd.jobs import (
     record_exits,
     transition,
 )
-from frenzyd.orch_common import (
-    KEEP_FINISHED,
-    LAUNCH_TIMEOUT_S,
-    SEND_TIMEOUT_S,
-    ClusterView,
-    RoleBase,
-    host_of,
-    own_codes,
-)
-from frenzyd.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
+from frenzyd.jobs.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
 
 log = logging.getLogger(__name__)
 
 
-class CoordinatorRole(RoleBase):
+class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
 
-    def _ensure_table(self, v: ClusterView) -> None:
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+        self.table = JobTable()
+        self._table_term = -1
+        self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
+        self._placing: set[str] = set()
+
+    def ensure_table(self, v: ClusterView) -> None:
         """Start a fresh soft job table when this node becomes coordinator of a new term."""
-        if v.coordinator == self.node_id and self._table_term != v.term:
+        if v.coordinator == self.ctx.node_id and self._table_term != v.term:
             log.info("coordinator for term %d: rebuilding the job view from peers' reports", v.term)
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), v.term
-        elif v.coordinator != self.node_id and self._table_term != -1:
+        elif v.coordinator != self.ctx.node_id and self._table_term != -1:
             log.info("no longer coordinator; dropping the soft job table")
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
 
-    async def _coordinator_tick(self, v: ClusterView) -> None:
+    async def tick(self, v: ClusterView) -> None:
+        """One coordinator pass: requeue jobs whose peers are gone, then place the queue."""
         for rec in self.table.running():
             gone = [p for p in rec.peers() if p not in v.peers]
             if gone:
                 log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
                             rec.id, gone[0][:12])
-                self.table.update(transition(rec, "queued", now=self.clock(),
+                self.table.update(transition(rec, "queued", now=self.ctx.clock(),
                                              message=f"peer {gone[0][:12]} lost"))
                 self._unreserve(rec.id)
                 await self._stop_everywhere(rec, v.term)
@@ -57,15 +78,15 @@ class CoordinatorRole(RoleBase):
                  for q in self.table.queued() if q.id not in self._placing]
         if not queue:
             return
-        sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.clock())
+        sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.ctx.clock())
         for job_id, reason in sched.infeasible:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued":
                 continue
-            failed = transition(cur, "failed", now=self.clock(), message=reason)
+            failed = transition(cur, "failed", now=self.ctx.clock(), message=reason)
             self.table.update(failed)
             log.info("job %s cannot run in this pool: %s", job_id, reason)
-            self._spawn(self._tell_submitter(failed), f"tell {job_id}")
+            self.ctx.spawn(self._tell_submitter(failed), f"tell {job_id}")
         for job_id, pl in sched.start:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued" or job_id in self._placing:
@@ -73,7 +94,7 @@ class CoordinatorRole(RoleBase):
             self._placing.add(job_id)
             for r in pl.ranks:
                 self._reserved[r.gpu] = job_id
-            self._spawn(self._start(cur, pl, v), f"start {job_id}")
+            self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
         offers = []
@@ -108,34 +129,33 @@ class CoordinatorRole(RoleBase):
         launched: list[str] = []
         try:
             for peer, ranks in by_peer.items():
-                reply = await self._send(peer, "lease.request",
-                                         {"job_id": rec.id, "gpus": [r.gpu for r in ranks], "term": term},
-                                         SEND_TIMEOUT_S)
-                if not reply.get("ok"):
-                    raise LeaseError(f"peer {peer[:12]} refused the lease: {reply.get('reason', '?')}")
+                ack = Ack.from_body(await self.ctx.send(
+                    peer, LeaseRequest(rec.id, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
+                if not ack.ok:
+                    raise LeaseError(f"peer {peer[:12]} refused the lease: {ack.reason}")
                 granted.append(peer)
-            running = transition(rec, "running", now=self.clock(), plan={**pl.plan, "backend": pl.backend},
+            running = transition(rec, "running", now=self.ctx.clock(), plan=pl.plan,
                                  ranks=pl.ranks, term=term, message="placed")
             rank0 = pl.ranks[0].peer
             host0 = host_of(str(v.peers.get(rank0, {}).get("address", "")))
-            order = {"job_id": rec.id, "term": term, "record": running.to_dict(), "master_addr": host0,
-                     "master_port": 0, "start_store": True, "backend": pl.backend}
-            reply = await self._send_order(rank0, "job.launch", order, LAUNCH_TIMEOUT_S)
+            order = JobLaunch(rec.id, term, running, host0, master_port=0, start_store=True,
+                              backend=pl.backend)
+            reply = await self.ctx.send_order(rank0, order, LAUNCH_TIMEOUT_S)
             launched.append(rank0)
-            if not reply.get("ok"):
-                raise LaunchError(f"peer {rank0[:12]} refused the launch: {reply.get('reason', '?')}")
-            order.update(master_port=int(reply["master_port"]), start_store=False)
+            if not Ack.from_body(reply).ok:
+                raise LaunchError(f"peer {rank0[:12]} refused the launch: {Ack.from_body(reply).reason}")
+            order = replace(order, master_port=LaunchAck.port_of(reply), start_store=False)
             others = [p for p in by_peer if p != rank0]
             replies = await asyncio.gather(
-                *(self._send_order(p, "job.launch", order, LAUNCH_TIMEOUT_S) for p in others),
+                *(self.ctx.send_order(p, order, LAUNCH_TIMEOUT_S) for p in others),
                 return_exceptions=True,
             )
             launched.extend(others)
             for p, rep in zip(others, replies, strict=True):
                 if isinstance(rep, BaseException):
                     raise LaunchError(f"peer {p[:12]} did not take the launch: {rep}")
-                if not rep.get("ok"):
-                    raise LaunchError(f"peer {p[:12]} refused the launch: {rep.get('reason')}")
+                if not Ack.from_body(rep).ok:
+                    raise LaunchError(f"peer {p[:12]} refused the launch: {Ack.from_body(rep).reason}")
             current = self.table.get(rec.id)
             if current is not None and current.state == "queued":
                 self.table.update(running)
@@ -143,19 +163,19 @@ class CoordinatorRole(RoleBase):
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
                 state = await self._tell_submitter(running)
                 if state in TERMINAL:  # the submitter finished it meanwhile (cancelled): undo
-                    self.table.update(transition(running, "cancelled", now=self.clock(),
+                    self.table.update(transition(running, "cancelled", now=self.ctx.clock(),
                                                  message=f"submitter says {state}"))
                     await self._stop_everywhere(running, term)
             else:  # cancelled while we were launching
                 await self._stop_everywhere(running, term)
         except (FrenzyError, OSError) as exc:
             log.warning("job %s: placement failed (%s); it stays queued", rec.id, exc)
-            stub = transition(rec, "running", now=self.clock(), ranks=pl.ranks, term=term)
+            stub = transition(rec, "running", now=self.ctx.clock(), ranks=pl.ranks, term=term)
             if launched:
                 await self._stop_everywhere(stub, term, only=launched)
             for peer in granted:
                 with contextlib.suppress(FrenzyError, OSError):
-                    await self._send(peer, "lease.release", {"job_id": rec.id, "term": term}, SEND_TIMEOUT_S)
+                    await self.ctx.send(peer, LeaseRelease(rec.id, term), SEND_TIMEOUT_S)
             self._unreserve(rec.id)
         finally:
             self._placing.discard(rec.id)
@@ -164,31 +184,29 @@ class CoordinatorRole(RoleBase):
         """Send the job's new state to its submitter; return the submitter's state (None: unreachable)."""
         for attempt in range(5):
             try:
-                reply = await self._send(rec.submitter, "job.state", {"record": rec.to_dict()},
-                                         SEND_TIMEOUT_S)
+                reply = await self.ctx.send(rec.submitter, JobState(rec), SEND_TIMEOUT_S)
             except FrenzyError as exc:
                 log.info("job %s: submitter unreachable (%s), retry %d", rec.id, exc, attempt + 1)
-                await asyncio.sleep(self.heartbeat_s)
+                await asyncio.sleep(self.ctx.heartbeat_s)
             else:
-                state = reply.get("state")
-                return state if isinstance(state, str) else None
+                return StateAck.state_of(reply)
         return None
 
     async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None) -> None:
         for peer in only if only is not None else rec.peers():
             try:
-                await self._send_order(peer, "job.stop", {"job_id": rec.id, "term": term}, SEND_TIMEOUT_S)
+                await self.ctx.send_order(peer, JobStop(rec.id, term), SEND_TIMEOUT_S)
             except (FrenzyError, OSError) as exc:
                 log.info("job %s: stop order to %s failed: %s", rec.id, peer[:12], exc)
 
-    async def _h_submit(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        v = self._view()
-        if v.coordinator != self.node_id:
-            return {"ok": False, "reason": "not the coordinator"}
-        self._ensure_table(v)
-        theirs = JobRecord.from_dict(body["record"])
+    async def on_submit(self, peer: str, msg: JobSubmit) -> Ack:
+        v = self.ctx.view()
+        if v.coordinator != self.ctx.node_id:
+            return Ack(False, "not the coordinator")
+        self.ensure_table(v)
+        theirs = msg.record
         if theirs.submitter != peer:
-            return {"ok": False, "reason": "a job can only be submitted by its submitter"}
+            return Ack(False, "a job can only be submitted by its submitter")
         known = self.table.get(theirs.id)
         if known is None:
             if theirs.state == "queued":
@@ -199,38 +217,39 @@ class CoordinatorRole(RoleBase):
             self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
-        self.wake()
-        return {"ok": True}
+        self.ctx.wake()
+        return Ack()
 
-    async def _h_cancel(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        rec = self.table.get(body["job_id"])
+    async def on_cancel(self, peer: str, msg: JobCancel) -> StateAck | Ack:
+        rec = self.table.get(msg.job_id)
         if rec is None:
-            return {"ok": True, "state": "unknown"}
+            return StateAck("unknown")
         if rec.submitter != peer:
-            return {"ok": False, "reason": "only the submitter can cancel a job"}
+            return Ack(False, "only the submitter can cancel a job")
         if rec.terminal:
-            return {"ok": True, "state": rec.state}
-        self.table.update(transition(rec, "cancelled", now=self.clock(), message="cancelled by user"))
+            return StateAck(rec.state)
+        self.table.update(transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user"))
         if rec.state == "running":
-            await self._stop_everywhere(rec, self._view().term)
+            await self._stop_everywhere(rec, self.ctx.view().term)
         self._unreserve(rec.id)
-        self.wake()
-        return {"ok": True, "state": "cancelled"}
+        self.ctx.wake()
+        return StateAck("cancelled")
 
-    async def _coordinator_exit(self, peer: str, body: dict[str, Any], raw: dict[int, int]) -> None:
-        job_id = body["job_id"]
+    async def on_exit(self, peer: str, msg: JobExit) -> None:
+        """A peer's ranks of a job exited: requeue (vacated) or record the exit codes."""
+        job_id = msg.job_id
         known = self.table.get(job_id)
-        current = known is not None and known.state == "running" and known.term == body["term"]
-        if known is not None and current and body.get("vacated"):
-            self.table.update(transition(known, "queued", now=self.clock(),
+        current = known is not None and known.state == "running" and known.term == msg.term
+        if known is not None and current and msg.vacated:
+            self.table.update(transition(known, "queued", now=self.ctx.clock(),
                                          message=f"peer {peer[:12]} stopped while running ranks"))
             self._unreserve(job_id)
             others = [p for p in known.peers() if p != peer]
-            await self._stop_everywhere(known, self._view().term, only=others)
-            self.wake()
+            await self._stop_everywhere(known, self.ctx.view().term, only=others)
+            self.ctx.wake()
         elif known is not None and current:
-            done = record_exits(known, own_codes(raw, known, peer), now=self.clock())
+            done = record_exits(known, own_codes(msg.exit_codes, known, peer), now=self.ctx.clock())
             self.table.update(done)
             if done.terminal:
                 self._unreserve(job_id)
-                self.wake()
+                self.ctx.wake()

@@ -14,9 +14,9 @@ Ed25519 signature over those bytes (see ``frenzyd.auth.seal_order``/``open_order
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 import msgpack
 
@@ -185,6 +185,65 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX) -> Message:
         raise FrameRejected("not_a_frame", "body is not a map")
     check_body(kind, body)
     return Message(version=version, kind=kind, body=body)
+
+
+# --- typed messages ------------------------------------------------------------------------
+
+
+class Body:
+    """Base of the typed message classes: one frozen dataclass per kind (``KIND``).
+
+    A subclass turns itself into a body (``to_body``, keys in the order they go on the wire) and
+    is built from a schema-checked body (``from_body``, raising :class:`FrameRejected` with reason
+    ``schema`` for what the schema cannot say).  Register it with :func:`message`.
+    """
+
+    KIND: ClassVar[str] = ""
+
+    def to_body(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        raise NotImplementedError
+
+
+TYPES: dict[str, type[Body]] = {}
+"""kind -> its typed class, for :func:`parse`."""
+
+_B = TypeVar("_B", bound=type[Body])
+
+
+def message(kind: str, schema: Schema | Mapping[str, FieldType]) -> Callable[[_B], _B]:
+    """Class decorator: register ``kind`` with ``schema`` and the class as its typed form."""
+    def deco(cls: _B) -> _B:
+        register_kind(kind, schema)
+        cls.KIND = kind
+        TYPES[kind] = cls
+        return cls
+    return deco
+
+
+def encode_message(msg: Body) -> bytes:
+    """Encode one typed message (its kind's schema is checked as by :func:`encode`)."""
+    return encode(msg.KIND, msg.to_body())
+
+
+def parse(msg: Message) -> Body | dict[str, Any]:
+    """The typed form of a decoded frame; a kind with no typed class gives its body as is.
+
+    Raises :class:`FrameRejected` (``schema``) when the body passes the schema but not the class's
+    own checks (a malformed job record, say): the frame is dropped at the edge, counted by reason.
+    """
+    cls = TYPES.get(msg.kind)
+    if cls is None:
+        return msg.body
+    try:
+        return cls.from_body(msg.body)
+    except FrameRejected:
+        raise
+    except WireError as exc:
+        raise FrameRejected("schema", f"{msg.kind}: {exc}") from None
 
 
 # --- kinds owned by the mechanisms layer -------------------------------------------------

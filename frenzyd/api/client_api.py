@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from frenzyd.errors import ConfigError, FrenzyError, JobStateError
-from frenzyd.orchestrator import Orchestrator
+from frenzyd.jobs.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Child process hosting one job's torch.distributed rendezvous store, bound to one address.
 
-Run by :class:`frenzyd.launcher.Launcher` as ``python -m frenzyd.rendezvous_store --host H
+Run by :class:`frenzyd.launcher.Launcher` as ``python -m frenzyd.node.rendezvous_store --host H
 [--port-min A --port-max B]``.  A ``TCPStore`` given a host name still listens on
 every interface, so the socket is bound here and handed over through
 ``master_listen_fd``.  Ranks connect as clients (``TORCHELASTIC_USE_AGENT_STORE=True``,
@@ -52,7 +52,7 @@ def _bind(host: str, port_min: int, port_max: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="frenzyd.rendezvous_store")
+    parser = argparse.ArgumentParser(prog="frenzyd.node.rendezvous_store")
     parser.add_argument("--host", required=True)
     parser.add_argument("--port-min", type=int, default=0)
     parser.add_argument("--port-max", type=int, default=0)

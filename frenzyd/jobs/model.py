@@ -184,6 +184,88 @@ def _opt(d: Mapping[str, Any], key: str, typ: type) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class JobPlan:
+    """How a placed job runs: GPU type and count, parallel degrees, memory, and where it came from.
+
+    The ``plan`` of the status JSON and of ``FRENZY_PLAN`` (DESIGN.md §6 plan keys).  Fields that
+    a source does not know are None and left out of the dict: a declared (``--nproc``) job has no
+    MARP micro-batch or step time; a mixed-type packing has no single GPU memory.
+    """
+
+    gpu_type: str
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    bytes_per_gpu: int
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    gpu_memory_bytes: int | None = None
+    step_time_s: float | None = None
+    source: str | None = None
+    """``marp`` (MARP's prediction) or ``declared`` (the user's ``--mem-per-rank``)."""
+    policy: str | None = None
+    """What chose it: ``frenzy`` (HAS) or ``packing (mixed GPU types)``."""
+    peers: int | None = None
+    backend: str | None = None
+    """``nccl`` on real GPUs, ``gloo`` when any rank's GPU is simulated."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan dict, keys in DESIGN.md §6 order, unknown (None) fields left out."""
+        d: dict[str, Any] = {
+            "gpu_type": self.gpu_type, "gpus": self.gpus, "dp": self.dp, "tp": self.tp, "pp": self.pp,
+            "zero": self.zero, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+            "bytes_per_gpu": self.bytes_per_gpu, "gpu_memory_bytes": self.gpu_memory_bytes,
+            "step_time_s": self.step_time_s, "source": self.source, "policy": self.policy,
+            "peers": self.peers, "backend": self.backend,
+        }
+        return {k: v for k, v in d.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobPlan:
+        """Parse a plan (record file or wire); raise ``WireError`` when it is malformed."""
+        if not isinstance(d, Mapping):
+            raise WireError("job plan: must be a mapping")
+        try:
+            gpu_type = d["gpu_type"]
+            if not isinstance(gpu_type, str):
+                raise WireError("job plan: gpu_type must be a string")
+            step = d.get("step_time_s")
+            if step is not None and (not isinstance(step, int | float) or isinstance(step, bool)):
+                raise WireError("job plan: step_time_s must be a number")
+            return cls(
+                gpu_type=gpu_type, gpus=_plan_int(d, "gpus"), dp=_plan_int(d, "dp"), tp=_plan_int(d, "tp"),
+                pp=_plan_int(d, "pp"), zero=_plan_int(d, "zero"), bytes_per_gpu=_plan_int(d, "bytes_per_gpu"),
+                micro_batch=_opt_plan_int(d, "micro_batch"), grad_accum=_opt_plan_int(d, "grad_accum"),
+                gpu_memory_bytes=_opt_plan_int(d, "gpu_memory_bytes"),
+                step_time_s=None if step is None else float(step),
+                source=_opt_plan_str(d, "source"), policy=_opt_plan_str(d, "policy"),
+                peers=_opt_plan_int(d, "peers"), backend=_opt_plan_str(d, "backend"),
+            )
+        except KeyError as exc:
+            raise WireError(f"job plan: missing key {exc.args[0]!r}") from None
+
+
+def _plan_int(d: Mapping[str, Any], key: str) -> int:
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise WireError(f"job plan: {key} must be an integer")
+    return v
+
+
+def _opt_plan_int(d: Mapping[str, Any], key: str) -> int | None:
+    return None if d.get(key) is None else _plan_int(d, key)
+
+
+def _opt_plan_str(d: Mapping[str, Any], key: str) -> str | None:
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise WireError(f"job plan: {key} must be a string")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
 class RankAssignment:
     """One rank of a placed job: which peer and which GPU (by uuid and local index) runs it."""
 
@@ -235,7 +317,7 @@ class JobRecord:
     attempts: int = 0
     term: int = 0
     """Term of the coordinator that placed the current attempt (0 while queued)."""
-    plan: dict[str, Any] | None = None
+    plan: JobPlan | None = None
     ranks: tuple[RankAssignment, ...] = ()
     exit_codes: dict[int, int] = field(default_factory=dict)
     message: str = ""
@@ -263,7 +345,7 @@ class JobRecord:
             "state": self.state,
             "submitter": self.submitter,
             "submitter_name": self.submitter_name,
-            "plan": self.plan,
+            "plan": None if self.plan is None else self.plan.to_dict(),
             "ranks": [{"rank": r.rank, "peer": r.peer, "gpu": r.gpu} for r in self.ranks],
             "attempts": self.attempts,
             "term": self.term,
@@ -286,7 +368,7 @@ class JobRecord:
             "finished_at": self.finished_at,
             "attempts": self.attempts,
             "term": self.term,
-            "plan": self.plan,
+            "plan": None if self.plan is None else self.plan.to_dict(),
             "ranks": [r.to_dict() for r in self.ranks],
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
             "message": self.message,
@@ -302,9 +384,7 @@ class JobRecord:
             job_id = str(d["id"])
             if not valid_job_id(job_id):
                 raise WireError(f"job record: bad job id {job_id!r}")
-            plan = d.get("plan")
-            if plan is not None and not isinstance(plan, dict):
-                raise WireError("job record: plan must be a mapping")
+            plan = None if d.get("plan") is None else JobPlan.from_dict(d["plan"])
             return cls(
                 id=job_id,
                 spec=JobSpec.from_dict(d["spec"]),
@@ -340,7 +420,7 @@ def transition(
     *,
     now: float,
     message: str = "",
-    plan: dict[str, Any] | None = None,
+    plan: JobPlan | None = None,
     ranks: Iterable[RankAssignment] = (),
     term: int = 0,
 ) -> JobRecord:

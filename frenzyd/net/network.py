@@ -34,12 +34,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from frenzyd import auth, tls, wire
 from frenzyd.config import Config
-from frenzyd.election import Change, ElectionState, PeerView
 from frenzyd.errors import AuthError, ConfigError, ElectionError, FrenzyError, PeerError, WireError
-from frenzyd.peer_table import AddressBook, PeerRecord, PeerTable
-from frenzyd.ratelog import RateLimitedLog
+from frenzyd.net import auth, tls, wire
+from frenzyd.net.election import Change, ElectionState, PeerView
+from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
+from frenzyd.net.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,10 @@ class Reply:
     body: dict[str, Any]
 
 
-Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any] | Reply | None]]
-"""``async handler(peer_id, body)`` → reply body (sent as ``ok``), a :class:`Reply`, or None."""
+Handler = Callable[[str, Any], Awaitable[dict[str, Any] | Reply | None]]
+"""``async handler(peer_id, message)`` → reply body (sent as ``ok``), a :class:`Reply`, or None.
+
+``message`` is the kind's typed class (``wire.parse``), or the checked body for kinds without one."""
 
 FallbackHandler = Callable[[str, wire.Message, bool], Awaitable[dict[str, Any] | Reply | None]]
 """``async on_message(peer_id, message, signed)`` for kinds without a registered handler."""
@@ -317,7 +319,7 @@ class PeerNetwork:
             handler, needs_signature = entry
             if needs_signature and not signed:
                 raise AuthError("unsigned_order", f"{msg.kind!r} must be sent signed")
-            result = await handler(peer_id, msg.body)
+            result = await handler(peer_id, wire.parse(msg))
         if isinstance(result, Reply):
             return result.kind, result.body
         return "ok", result or {}

@@ -10,66 +10,106 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from frenzyd.errors import FrenzyError, LaunchError, LeaseError, WireError
-from frenzyd.jobs import (
-    JobRecord,
-)
-from frenzyd.orch_common import (
+from frenzyd.errors import FrenzyError, LaunchError, LeaseError
+from frenzyd.jobs.context import (
     CHUNK,
     OUTPUT_BATCH_BYTES,
     OUTPUT_BUFFER_CAP,
     SEND_TIMEOUT_S,
     STORE_LINGER_S,
     RankRun,
-    RoleBase,
+    RoleContext,
+)
+from frenzyd.jobs.messages import (
+    Ack,
+    JobExit,
+    JobFinished,
+    JobLaunch,
+    JobOutput,
+    JobResults,
+    JobStop,
+    LaunchAck,
+    LeaseRelease,
+    LeaseRequest,
+    OutputChunk,
+    PayloadFetch,
+)
+from frenzyd.jobs.model import (
+    JobRecord,
+    LeaseTable,
 )
 
 log = logging.getLogger(__name__)
 
 
-class RankHostRole(RoleBase):
+class RankHostRole:
     """The final authority over this node's GPUs; runs the ranks it is ordered to run."""
 
+    def __init__(
+        self,
+        ctx: RoleContext,
+        *,
+        data_dir: Path,
+        gpus: Callable[[], list[dict[str, Any]]],
+        launcher: Any,
+        rank_spec: Callable[..., Any],
+        unpack: Callable[[bytes, str, Path, int], Any],
+        collect_results: Callable[[Path, int], bytes],
+        max_payload_bytes: int,
+        max_result_bytes: int,
+        socket_ifname: str | None,
+    ) -> None:
+        self.ctx = ctx
+        self.data_dir = data_dir
+        self._gpus = gpus
+        self.launcher, self._rank_spec = launcher, rank_spec
+        self._unpack, self._collect = unpack, collect_results
+        self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
+        self.socket_ifname = socket_ifname
+        self.leases = LeaseTable()
+        self._runs: dict[str, RankRun] = {}
+        self._store_done: dict[str, asyncio.Event] = {}
+        self.stopping = False
+
     def _check_coordinator(self, peer: str, term: int) -> None:
-        v = self._view()
+        v = self.ctx.view()
         self.leases.observe_term(v.term)
         if term < v.term or (term == v.term and v.coordinator not in (None, peer)):
             raise LeaseError(f"order from {peer[:12]} at term {term}: the coordinator of term {v.term} "
                              f"is {str(v.coordinator)[:12]}")
 
-    async def _h_lease(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        gpus = [g for g in body["gpus"] if isinstance(g, str)]
+    async def on_lease(self, peer: str, msg: LeaseRequest) -> Ack:
         try:
-            self._check_coordinator(peer, body["term"])
+            self._check_coordinator(peer, msg.term)
             offered = [g["uuid"] for g in self._gpus() if g.get("offered")]
-            self.leases.grant(body["job_id"], gpus, term=body["term"], coordinator=peer, now=self.clock(),
+            self.leases.grant(msg.job_id, msg.gpus, term=msg.term, coordinator=peer, now=self.ctx.clock(),
                               offerable=offered)
         except LeaseError as exc:
-            log.info("lease for job %s refused: %s", body["job_id"], exc)
-            return {"ok": False, "reason": str(exc)}
-        return {"ok": True}
+            log.info("lease for job %s refused: %s", msg.job_id, exc)
+            return Ack(False, str(exc))
+        return Ack()
 
-    async def _h_release(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        lease = self.leases.get(body["job_id"])
-        if lease is not None and not lease.launched and body["term"] >= lease.term:
-            self.leases.release(body["job_id"])
-        return {"ok": True}
+    async def on_release(self, peer: str, msg: LeaseRelease) -> Ack:
+        lease = self.leases.get(msg.job_id)
+        if lease is not None and not lease.launched and msg.term >= lease.term:
+            self.leases.release(msg.job_id)
+        return Ack()
 
-    async def _h_launch(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        job_id, term = body["job_id"], body["term"]
+    async def on_launch(self, peer: str, msg: JobLaunch) -> LaunchAck | Ack:
+        """Start this node's ranks of the order's record (only after its signature was verified)."""
+        job_id, term, rec = msg.job_id, msg.term, msg.record
         try:
             self._check_coordinator(peer, term)
             self.leases.check_order(job_id, term)
-            rec = JobRecord.from_dict(body["record"])
-        except (LeaseError, WireError) as exc:
-            return {"ok": False, "reason": str(exc)}
+        except LeaseError as exc:
+            return Ack(False, str(exc))
         known = self._runs.get(job_id)
         if known is not None:
-            return {"ok": True, "master_port": known.master_port}
-        mine = [r for r in rec.ranks if r.peer == self.node_id]
+            return LaunchAck(known.master_port)
+        mine = [r for r in rec.ranks if r.peer == self.ctx.node_id]
         lease = self.leases.get(job_id)
         if not mine or lease is None or sorted(r.gpu for r in mine) != sorted(lease.gpus):
-            return {"ok": False, "reason": "the order's ranks do not match this node's lease"}
+            return Ack(False, "the order's ranks do not match this node's lease")
         run_dir = self.data_dir / "runs" / job_id
         work, outdir = run_dir / "work", run_dir / "output"
         try:
@@ -78,9 +118,9 @@ class RankHostRole(RoleBase):
                 await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
                                         self.max_payload_bytes)
 
-            port = int(body["master_port"])
-            if body["start_store"]:  # the store (a child process) starts while the payload comes
-                store = asyncio.ensure_future(self.launcher.start_store(job_id, body["master_addr"]))
+            port = msg.master_port
+            if msg.start_store:  # the store (a child process) starts while the payload comes
+                store = asyncio.ensure_future(self.launcher.start_store(job_id, msg.master_addr))
                 try:
                     await prepare()
                 finally:
@@ -88,20 +128,20 @@ class RankHostRole(RoleBase):
             else:
                 await prepare()
             outdir.mkdir(parents=True, exist_ok=True)
-            run = RankRun(job_id, term, rec.submitter, body["record"], mine, port,
-                       hosts_store=body["start_store"])
+            run = RankRun(job_id, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store)
             self._runs[job_id] = run
             handles = []
             local_world = len(mine)
+            plan = rec.plan.to_dict() if rec.plan is not None else {}
             gpu_indices = tuple(r.gpu_index for r in sorted(mine, key=lambda r: r.local_rank))
             for r in mine:
                 spec = self._rank_spec(
                     job_id=job_id, rank=r.rank, local_rank=r.local_rank, world_size=rec.world_size,
-                    local_world_size=local_world, master_addr=body["master_addr"], master_port=port,
+                    local_world_size=local_world, master_addr=msg.master_addr, master_port=port,
                     gpu_indices=gpu_indices, argv=list(rec.spec.argv), workdir=work, output_dir=outdir,
-                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(rec.plan or {}),
+                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(plan),
                          **({"FRENZY_STEPS": str(rec.spec.steps)} if rec.spec.steps else {})},
-                    backend=body["backend"], socket_ifname=self.socket_ifname,
+                    backend=msg.backend, socket_ifname=self.socket_ifname,
                 )
                 handles.append((r.rank, await self.launcher.launch(spec, self._on_output(run))))
         except (FrenzyError, OSError) as exc:
@@ -110,13 +150,13 @@ class RankHostRole(RoleBase):
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(job_id)
             self.leases.release(job_id)
-            return {"ok": False, "reason": str(exc)}
+            return Ack(False, str(exc))
         self.leases.mark_launched(job_id)
         log.info("job %s: started rank(s) %s", job_id, [r.rank for r in mine])
-        self._spawn(self._pump(run), f"output {job_id}")
-        self._spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
+        self.ctx.spawn(self._pump(run), f"output {job_id}")
+        self.ctx.spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
                     f"watch {job_id}")
-        return {"ok": True, "master_port": port}
+        return LaunchAck(port)
 
     async def _fetch_payload(self, rec: JobRecord) -> bytes:
         size = rec.spec.payload_size
@@ -124,8 +164,7 @@ class RankHostRole(RoleBase):
             raise LaunchError(f"payload of {size} bytes exceeds this node's cap {self.max_payload_bytes}")
         buf = bytearray()
         while len(buf) < size:
-            reply = await self._send(rec.submitter, "payload.fetch",
-                                     {"job_id": rec.id, "offset": len(buf), "length": CHUNK}, SEND_TIMEOUT_S)
+            reply = await self.ctx.send(rec.submitter, PayloadFetch(rec.id, len(buf), CHUNK), SEND_TIMEOUT_S)
             data = reply.get("data")
             if not isinstance(data, bytes) or not data:
                 raise LaunchError("the submitter sent no payload bytes")
@@ -156,34 +195,35 @@ class RankHostRole(RoleBase):
                     async with asyncio.timeout(0.5):
                         await run.out_event.wait()
                 continue
-            batch, size = [], 0
+            batch: list[OutputChunk] = []
+            size = 0
             while run.out and size < OUTPUT_BATCH_BYTES:
                 rank, stream, data = run.out.pop(0)
                 run.out_bytes -= len(data)
-                batch.append([rank, stream, data])
+                batch.append(OutputChunk(rank, stream, data))
                 size += len(data)
             if run.dropped:
-                batch.insert(0, [-1, "frenzy", f"[{run.dropped} bytes of output dropped]\n".encode()])
+                note = f"[{run.dropped} bytes of output dropped]\n".encode()
+                batch.insert(0, OutputChunk(-1, "frenzy", note))
                 run.dropped = 0
             try:
-                await self._send(run.submitter, "job.output", {"job_id": run.job_id, "chunks": batch},
-                                 SEND_TIMEOUT_S)
+                await self.ctx.send(run.submitter, JobOutput(run.job_id, tuple(batch)), SEND_TIMEOUT_S)
             except FrenzyError as exc:
                 log.info("job %s: output to submitter failed (%s)", run.job_id, exc)
-                await asyncio.sleep(self.heartbeat_s)
+                await asyncio.sleep(self.ctx.heartbeat_s)
 
     async def _watch(
         self, run: RankRun, handles: list[tuple[int, Any]], outdir: Path, rank0_here: bool
     ) -> None:
         """Wait for this node's ranks, then send results (rank 0) and exit codes to the submitter."""
-        codes = [[rank, int(await h.wait())] for rank, h in handles]
+        codes = [(rank, int(await h.wait())) for rank, h in handles]
         run.done = True
         run.out_event.set()
-        if run.hosts_store and not (self._stopping or run.vacated):
+        if run.hosts_store and not (self.stopping or run.vacated):
             # Ranks elsewhere may still be tearing down their process group through the store:
             # it closes when the submitter says the job is over (job.finished), or after a while.
             done = self._store_done.setdefault(run.job_id, asyncio.Event())
-            self._spawn(self._close_store_later(run.job_id, done), f"store {run.job_id}")
+            self.ctx.spawn(self._close_store_later(run.job_id, done), f"store {run.job_id}")
         else:
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(run.job_id)  # closes the rendezvous store, reaps stragglers
@@ -191,30 +231,30 @@ class RankHostRole(RoleBase):
             if not run.out:
                 break
             await asyncio.sleep(0.05)
-        body: dict[str, Any] = {"job_id": run.job_id, "term": run.term, "codes": codes, "peer": self.node_id,
-                                "record": run.record, "vacated": self._stopping or bool(run.vacated),
-                                "reason": run.vacated or ("its daemon stopped" if self._stopping else "")}
+        report = JobExit(run.job_id, run.term, tuple(codes), self.ctx.node_id, run.record,
+                         vacated=self.stopping or bool(run.vacated),
+                         reason=run.vacated or ("its daemon stopped" if self.stopping else ""))
         with contextlib.suppress(FrenzyError, OSError):
-            if rank0_here and not body["vacated"]:
+            if rank0_here and not report.vacated:
                 data = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
                 for off in range(0, max(len(data), 1), CHUNK):
-                    await self._send(run.submitter, "job.results", {"job_id": run.job_id, "offset": off,
-                                     "total": len(data), "data": data[off:off + CHUNK]}, SEND_TIMEOUT_S)
-        for attempt in range(1 if self._stopping else 30):
+                    chunk = JobResults(run.job_id, off, len(data), data[off:off + CHUNK])
+                    await self.ctx.send(run.submitter, chunk, SEND_TIMEOUT_S)
+        for attempt in range(1 if self.stopping else 30):
             try:
-                await self._send(run.submitter, "job.exit", body, SEND_TIMEOUT_S)
+                await self.ctx.send(run.submitter, report, SEND_TIMEOUT_S)
                 break
             except FrenzyError as exc:
                 log.info("job %s: exit report to submitter failed (%s), retry %d", run.job_id, exc, attempt)
-                await asyncio.sleep(self.heartbeat_s)
-        coord = self._view().coordinator
+                await asyncio.sleep(self.ctx.heartbeat_s)
+        coord = self.ctx.view().coordinator
         if coord is not None and coord != run.submitter:
             with contextlib.suppress(FrenzyError):
-                await self._send(coord, "job.exit", body, SEND_TIMEOUT_S)
+                await self.ctx.send(coord, report, SEND_TIMEOUT_S)
         self.leases.release(run.job_id)
         self._runs.pop(run.job_id, None)
         log.info("job %s: rank(s) here exited %s", run.job_id, codes)
-        self.wake()
+        self.ctx.wake()
 
     async def _close_store_later(self, job_id: str, done: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):
@@ -224,12 +264,12 @@ class RankHostRole(RoleBase):
         await self.launcher.cancel(job_id)
         self.launcher.forget(job_id)
 
-    async def _h_finished(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def on_finished(self, peer: str, msg: JobFinished) -> Ack:
         """The submitter says a job is over: close its rendezvous store here."""
-        ev = self._store_done.get(body["job_id"])
+        ev = self._store_done.get(msg.job_id)
         if ev is not None:
             ev.set()
-        return {"ok": True}
+        return Ack()
 
     async def protect_owner(self, gpus: list[dict[str, Any]]) -> list[str]:
         """Owner protection: vacate every job whose ranks share a GPU with a process that is not
@@ -247,16 +287,26 @@ class RankHostRole(RoleBase):
             await self.launcher.cancel(lease.job_id)
         return out
 
-    async def _h_stop(self, peer: str, body: dict[str, Any]) -> dict[str, Any]:
-        job_id = body["job_id"]
+    async def on_stop(self, peer: str, msg: JobStop) -> Ack:
+        """Stop the job's ranks here (only after the order's signature was verified)."""
+        job_id = msg.job_id
         try:
-            self._check_coordinator(peer, body["term"])
+            self._check_coordinator(peer, msg.term)
         except LeaseError as exc:
-            return {"ok": False, "reason": str(exc)}
+            return Ack(False, str(exc))
         if job_id in self._runs:
             await self.launcher.cancel(job_id)
         else:
             lease = self.leases.get(job_id)
             if lease is not None and not lease.launched:
                 self.leases.release(job_id)
-        return {"ok": True}
+        return Ack()
+
+    async def stop_all(self) -> None:
+        """The daemon is stopping: kill every job's ranks here (their watchers report them vacated)."""
+        self.stopping = True
+        for job_id in list(self._runs):
+            with contextlib.suppress(Exception):
+                await self.launcher.cancel(job_id)
+        for ev in self._store_done.values():
+            ev.set()

@@ -1,0 +1,337 @@
+"""The job messages between daemons, one frozen dataclass per wire kind, and their typed replies (pure).
+
+Each class registers its kind with the wire layer (``frenzyd.net.wire.message``), so a frame is
+decoded, schema-checked and turned into its class once, at the edge; the roles' handlers get
+these values.  ``to_body`` writes keys in the order the daemons have always sent them (the
+golden-frame test pins the bytes).  Replies travel as ``ok`` frames; a sender reads the reply
+body it expects with the reply class's ``from_body``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Self
+
+from frenzyd.errors import WireError
+from frenzyd.jobs.model import JobRecord
+from frenzyd.net import wire
+from frenzyd.net.wire import Body, Schema, message
+
+SIGNED_KINDS: Final = frozenset({"job.launch", "job.stop"})
+"""Orders that start or stop processes: sent signed and bound to the coordinator's term."""
+
+
+@message("job.submit", Schema(required={"record": dict}))
+@dataclass(frozen=True, slots=True)
+class JobSubmit(Body):
+    """Submitter -> coordinator: a job to schedule (idempotent; re-sent until acknowledged)."""
+
+    record: JobRecord
+
+    def to_body(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict()}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(JobRecord.from_dict(body["record"]))
+
+
+@message("job.cancel", Schema(required={"job_id": str}, optional={"requeue_attempts": int}))
+@dataclass(frozen=True, slots=True)
+class JobCancel(Body):
+    """Submitter -> coordinator: the user cancelled the job."""
+
+    job_id: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"])
+
+
+@message("job.state", Schema(required={"record": dict}))
+@dataclass(frozen=True, slots=True)
+class JobState(Body):
+    """Coordinator -> submitter: the job's new state (placed, failed, requeued)."""
+
+    record: JobRecord
+
+    def to_body(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict()}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(JobRecord.from_dict(body["record"]))
+
+
+@message("lease.request", Schema(required={"job_id": str, "gpus": list, "term": int}))
+@dataclass(frozen=True, slots=True)
+class LeaseRequest(Body):
+    """Coordinator -> GPU owner: lease these GPUs to the job (the owner may refuse)."""
+
+    job_id: str
+    gpus: tuple[str, ...]
+    term: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "gpus": list(self.gpus), "term": self.term}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], tuple(g for g in body["gpus"] if isinstance(g, str)), body["term"])
+
+
+@message("lease.release", Schema(required={"job_id": str, "term": int}))
+@dataclass(frozen=True, slots=True)
+class LeaseRelease(Body):
+    """Coordinator -> GPU owner: drop a lease whose launch will not come."""
+
+    job_id: str
+    term: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "term": self.term}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["term"])
+
+
+@message("job.launch", Schema(required={"job_id": str, "term": int, "record": dict, "master_addr": str,
+                                        "master_port": int, "start_store": bool, "backend": str}))
+@dataclass(frozen=True, slots=True)
+class JobLaunch(Body):
+    """Coordinator -> GPU owner (signed): start this node's ranks of the placed record.
+
+    Rank 0's peer gets it first with ``start_store`` and answers with the store's port; the
+    others get the port and ``start_store=False``.
+    """
+
+    job_id: str
+    term: int
+    record: JobRecord
+    master_addr: str
+    master_port: int
+    start_store: bool
+    backend: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "term": self.term, "record": self.record.to_dict(),
+                "master_addr": self.master_addr, "master_port": self.master_port,
+                "start_store": self.start_store, "backend": self.backend}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["term"], JobRecord.from_dict(body["record"]), body["master_addr"],
+                   body["master_port"], body["start_store"], body["backend"])
+
+
+@message("job.stop", Schema(required={"job_id": str, "term": int}))
+@dataclass(frozen=True, slots=True)
+class JobStop(Body):
+    """Coordinator -> GPU owner (signed): stop the job's ranks here."""
+
+    job_id: str
+    term: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "term": self.term}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["term"])
+
+
+@message("payload.fetch", Schema(required={"job_id": str, "offset": int, "length": int}))
+@dataclass(frozen=True, slots=True)
+class PayloadFetch(Body):
+    """GPU owner -> submitter: the next chunk of the job's packed directory."""
+
+    job_id: str
+    offset: int
+    length: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "offset": self.offset, "length": self.length}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["offset"], body["length"])
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """Bytes one rank wrote to one stream (rank -1, stream ``frenzy``: the daemon's own note)."""
+
+    rank: int
+    stream: str
+    data: bytes
+
+
+@message("job.output", Schema(required={"job_id": str, "chunks": list}))
+@dataclass(frozen=True, slots=True)
+class JobOutput(Body):
+    """GPU owner -> submitter: a batch of rank output, in order.  Malformed chunks are dropped."""
+
+    job_id: str
+    chunks: tuple[OutputChunk, ...]
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "chunks": [[c.rank, c.stream, c.data] for c in self.chunks]}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        chunks = tuple(
+            OutputChunk(ch[0], ch[1][:16], ch[2]) for ch in body["chunks"]
+            if isinstance(ch, list) and len(ch) == 3 and type(ch[0]) is int
+            and isinstance(ch[1], str) and isinstance(ch[2], bytes)
+        )
+        return cls(body["job_id"], chunks)
+
+
+@message("job.results", Schema(required={"job_id": str, "offset": int, "total": int, "data": bytes}))
+@dataclass(frozen=True, slots=True)
+class JobResults(Body):
+    """Rank 0's host -> submitter: one chunk of the files rank 0 wrote under its output directory."""
+
+    job_id: str
+    offset: int
+    total: int
+    data: bytes
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "offset": self.offset, "total": self.total, "data": self.data}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["offset"], body["total"], body["data"])
+
+
+@message("job.exit", Schema(required={"job_id": str, "term": int, "codes": list, "peer": str},
+                            optional={"record": dict, "vacated": bool, "reason": str}))
+@dataclass(frozen=True, slots=True)
+class JobExit(Body):
+    """GPU owner -> submitter and coordinator: this node's ranks of the job exited.
+
+    ``codes`` are (rank, exit code) pairs (malformed pairs are dropped); ``vacated`` means the node
+    stopped them itself (owner reclaim, shutdown) and the job should be requeued, not failed.
+    """
+
+    job_id: str
+    term: int
+    codes: tuple[tuple[int, int], ...]
+    peer: str
+    record: JobRecord | None = None
+    vacated: bool = False
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"job_id": self.job_id, "term": self.term,
+                                "codes": [[r, c] for r, c in self.codes], "peer": self.peer}
+        if self.record is not None:
+            body["record"] = self.record.to_dict()
+        body.update(vacated=self.vacated, reason=self.reason)
+        return body
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        codes = tuple((c[0], c[1]) for c in body["codes"]
+                      if isinstance(c, list) and len(c) == 2
+                      and all(isinstance(x, int) and not isinstance(x, bool) for x in c))
+        record = None if body.get("record") is None else JobRecord.from_dict(body["record"])
+        return cls(body["job_id"], body["term"], codes, body["peer"], record,
+                   bool(body.get("vacated", False)), str(body.get("reason", "")))
+
+    @property
+    def exit_codes(self) -> dict[int, int]:
+        return dict(self.codes)
+
+
+@message("job.finished", Schema(required={"job_id": str}))
+@dataclass(frozen=True, slots=True)
+class JobFinished(Body):
+    """Submitter -> the job's peers: the job is over (rank 0's host closes its rendezvous store)."""
+
+    job_id: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"])
+
+
+# --- replies (sent as ``ok`` frames) ---------------------------------------------------------
+
+
+class Reply:
+    """A handler's answer; ``to_body`` is the ``ok`` frame's body."""
+
+    def to_body(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Reply):
+    """Done (``ok``), or refused with a reason the sender logs."""
+
+    ok: bool = True
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ok": True} if self.ok else {"ok": False, "reason": self.reason}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(bool(body.get("ok")), str(body.get("reason", "?")))
+
+
+@dataclass(frozen=True, slots=True)
+class StateAck(Reply):
+    """Done; the job's state as the receiver now holds it."""
+
+    state: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ok": True, "state": self.state}
+
+    @classmethod
+    def state_of(cls, body: Mapping[str, Any]) -> str | None:
+        state = body.get("state")
+        return state if isinstance(state, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchAck(Reply):
+    """The ranks run (or are starting); rank 0's host says the rendezvous store's port."""
+
+    master_port: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ok": True, "master_port": self.master_port}
+
+    @classmethod
+    def port_of(cls, body: Mapping[str, Any]) -> int:
+        port = body.get("master_port")
+        if not isinstance(port, int) or isinstance(port, bool):
+            raise WireError("launch reply carries no integer master_port")
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadChunk(Reply):
+    """A chunk of the packed job directory and the directory's total size."""
+
+    data: bytes
+    total: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ok": True, "data": self.data, "total": self.total}
+
+
+JOB_KINDS: Final = tuple(k for k, cls in wire.TYPES.items() if cls.__module__ == __name__)
+"""Every job message kind this module registered."""

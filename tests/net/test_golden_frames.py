@@ -1,0 +1,124 @@
+"""Golden frames: the exact bytes of every wire message kind, as the daemons sent them before the
+typed messages existed (pinned from the dict-based senders at commit fb519af).  A change here is
+a wire-protocol change: it needs a new protocol version and a migration note in the README."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frenzyd.jobs.messages import (
+    Ack,
+    JobCancel,
+    JobExit,
+    JobFinished,
+    JobLaunch,
+    JobOutput,
+    JobResults,
+    JobState,
+    JobStop,
+    JobSubmit,
+    LaunchAck,
+    LeaseRelease,
+    LeaseRequest,
+    OutputChunk,
+    PayloadChunk,
+    PayloadFetch,
+    StateAck,
+)
+from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record, record_exits, transition
+from frenzyd.net import wire
+
+SPEC = JobSpec(argv=("train.py", "--lr", "3e-4"), payload_sha256="ab" * 32, payload_size=1234,
+               python_version="3.11.7", torch_version="2.13.0", name="golden", model="gpt2",
+               seq_len=128, micro_batch=2, global_batch=8, dtype="bf16-mixed", steps=50)
+DECL = JobSpec(argv=("ddp.py",), payload_sha256="cd" * 32, payload_size=10, python_version="3.11.7",
+               torch_version="2.13.0", nproc=2, mem_per_rank=1 << 30)
+RANKS = (RankAssignment(0, "n" * 64, "ws-01", "GPU-0", 0, 0),
+         RankAssignment(1, "m" * 64, "ws-02", "GPU-1", 1, 0))
+MARP_PLAN = JobPlan(gpu_type="A100-80GB", gpus=2, dp=2, tp=1, pp=1, zero=0, micro_batch=2, grad_accum=2,
+                    bytes_per_gpu=5 << 30, gpu_memory_bytes=80 << 30, step_time_s=0.25, source="marp",
+                    policy="frenzy", peers=2, backend="gloo")
+DECL_PLAN = JobPlan(gpu_type="RTX-3090", gpus=2, dp=2, tp=1, pp=1, zero=0, micro_batch=1, grad_accum=1,
+                    bytes_per_gpu=1 << 30, gpu_memory_bytes=24 << 30, source="declared", policy="frenzy",
+                    peers=2, backend="nccl")
+
+
+def frames() -> dict[str, bytes]:
+    """One representative frame per kind (and per sender variant), built as the daemons build them."""
+    q = new_record("ws-01-20261201-143000-ab12", SPEC, "n" * 64, "ws-01", 1_700_000_000.5)
+    run = transition(q, "running", now=1_700_000_010.25, plan=MARP_PLAN, ranks=RANKS, term=3,
+                     message="placed")
+    done = record_exits(run, {0: 0, 1: 0}, now=1_700_000_100.0)
+    dq = new_record("ws-01-20261201-143001-cd34", DECL, "n" * 64, "ws-01", 1_700_000_001.0)
+    drun = transition(dq, "running", now=1_700_000_011.0, plan=DECL_PLAN, ranks=RANKS, term=3,
+                      message="placed")
+    gpu = {"uuid": "GPU-0", "index": 0, "type": "A100-80GB", "memory_bytes": 80 << 30, "free_bytes": 70 << 30,
+           "utilization": 0, "simulated": True, "offered": True, "foreign_processes": 0, "leased_to": run.id}
+    lease = {"job_id": run.id, "gpus": ["GPU-0"], "term": 3, "coordinator": "c" * 64, "launched": True}
+    report = {"python": "3.11.7", "torch": "2.13.0", "gpus": [gpu], "leases": [lease],
+              "jobs": [q.summary(), run.summary()]}
+    enc = wire.encode_message
+    launch = JobLaunch(run.id, 3, run, "10.0.0.1", master_port=0, start_store=True, backend="gloo")
+    stop = enc(JobStop(run.id, 3))
+    return {
+        "heartbeat": wire.encode("heartbeat", {
+            "node_id": "n" * 64, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 2, "term": 3,
+            "coordinator": "c" * 64, "report": report}),
+        "heartbeat.bare": wire.encode("heartbeat", {
+            "node_id": "n" * 64, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 0, "term": 0,
+            "coordinator": None, "report": {"python": "3.11.7"}}),
+        "ok": wire.encode("ok", {}),
+        "error": wire.encode("error", {"reason": "stale_term", "detail": "term 2 < 3"}),
+        "job.submit": enc(JobSubmit(q)),
+        "job.cancel": enc(JobCancel(run.id)),
+        "job.state": enc(JobState(run)),
+        "job.state.declared": enc(JobState(drun)),
+        "lease.request": enc(LeaseRequest(run.id, ("GPU-0", "GPU-1"), 3)),
+        "lease.release": enc(LeaseRelease(run.id, 3)),
+        "job.launch": enc(launch),
+        "job.launch.others": enc(JobLaunch(run.id, 3, run, "10.0.0.1", 29500, start_store=False,
+                                           backend="gloo")),
+        "job.stop": stop,
+        "payload.fetch": enc(PayloadFetch(run.id, 0, 1 << 20)),
+        "job.output": enc(JobOutput(run.id, (OutputChunk(-1, "frenzy", b"[12 bytes of output dropped]\n"),
+                                             OutputChunk(0, "stdout", b"step 1 loss 3.2\n"),
+                                             OutputChunk(1, "stderr", b"warn\n")))),
+        "job.results": enc(JobResults(run.id, 0, 5, b"hello")),
+        "job.exit": enc(JobExit(run.id, 3, ((0, 0), (1, 0)), "n" * 64, run, vacated=False, reason="")),
+        "job.exit.vacated": enc(JobExit(run.id, 3, ((1, -15),), "m" * 64, run, vacated=True,
+                                        reason="the owner of GPU GPU-1 is using it")),
+        "job.finished": enc(JobFinished(done.id)),
+        "signed": wire.encode("signed", {"frame": stop, "cert": b"-----BEGIN CERTIFICATE-----\n",
+                                         "sig": bytes(range(64))}),
+        "reply.ack": wire.encode("ok", Ack().to_body()),
+        "reply.refused": wire.encode("ok", Ack(False, "not the coordinator").to_body()),
+        "reply.state": wire.encode("ok", StateAck("running").to_body()),
+        "reply.launch": wire.encode("ok", LaunchAck(29500).to_body()),
+        "reply.payload": wire.encode("ok", PayloadChunk(b"\x00\x01payload", 1234).to_body()),
+    }
+
+
+GOLDEN: dict[str, str] = json.loads((Path(__file__).parent / "golden_frames.json").read_text())
+
+
+def test_every_kind_is_pinned() -> None:
+    kinds = {name.split(".")[0] if name.startswith(("heartbeat", "reply")) else name.rsplit(".", 1)[0]
+             if name.endswith((".declared", ".others", ".vacated", ".bare")) else name for name in GOLDEN}
+    assert set(wire.KINDS) - {"bench.echo"} <= kinds | {"reply"}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_frame_bytes_are_unchanged(name: str) -> None:
+    assert frames()[name].hex() == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_typed_messages_round_trip(name: str) -> None:
+    """Decoding a golden frame into its class and encoding it again gives the same bytes."""
+    msg = wire.decode(bytes.fromhex(GOLDEN[name]))
+    typed = wire.parse(msg)
+    if isinstance(typed, wire.Body):
+        assert wire.encode_message(typed).hex() == GOLDEN[name]
