@@ -9,7 +9,7 @@ a receive loop can count drops by reason.  This is the only module that imports 
 
 Orders that start or stop processes travel inside a ``signed`` envelope (kind
 ``SIGNED_KIND``): the exact bytes of the inner frame, the signer's certificate and an
-Ed25519 signature over those bytes (see ``frenzyd.auth.seal_order``/``open_order``).
+Ed25519 signature over those bytes (see ``frenzyd.net.auth.seal_order``/``open_order``).
 """
 
 from __future__ import annotations

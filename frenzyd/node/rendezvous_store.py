@@ -1,6 +1,6 @@
 """Child process hosting one job's torch.distributed rendezvous store, bound to one address.
 
-Run by :class:`frenzyd.launcher.Launcher` as ``python -m frenzyd.node.rendezvous_store --host H
+Run by :class:`frenzyd.node.launcher.Launcher` as ``python -m frenzyd.node.rendezvous_store --host H
 [--port-min A --port-max B]``.  A ``TCPStore`` given a host name still listens on
 every interface, so the socket is bound here and handed over through
 ``master_listen_fd``.  Ranks connect as clients (``TORCHELASTIC_USE_AGENT_STORE=True``,
