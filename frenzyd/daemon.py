@@ -168,7 +168,7 @@ class Daemon:
 
         self.orch = Orchestrator(
             node_id=self.node_id, node_name=self.creds.node_name, data_dir=self.data_dir,
-            host=cfg.network.advertise or cfg.network.listen.host, send=send, send_order=send_order,
+            send=send, send_order=send_order,
             view=self.view, gpus=self._gpus, launcher=self.launcher, rank_spec=RankSpec,
             pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,

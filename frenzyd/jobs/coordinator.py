@@ -142,8 +142,8 @@ class CoordinatorRole:
                               backend=pl.backend)
             reply = await self.ctx.send_order(rank0, order, LAUNCH_TIMEOUT_S)
             launched.append(rank0)
-            if not Ack.from_body(reply).ok:
-                raise LaunchError(f"peer {rank0[:12]} refused the launch: {Ack.from_body(reply).reason}")
+            if not (ack := Ack.from_body(reply)).ok:
+                raise LaunchError(f"peer {rank0[:12]} refused the launch: {ack.reason}")
             order = replace(order, master_port=LaunchAck.port_of(reply), start_store=False)
             others = [p for p in by_peer if p != rank0]
             replies = await asyncio.gather(
@@ -154,8 +154,8 @@ class CoordinatorRole:
             for p, rep in zip(others, replies, strict=True):
                 if isinstance(rep, BaseException):
                     raise LaunchError(f"peer {p[:12]} did not take the launch: {rep}")
-                if not Ack.from_body(rep).ok:
-                    raise LaunchError(f"peer {p[:12]} refused the launch: {Ack.from_body(rep).reason}")
+                if not (ack := Ack.from_body(rep)).ok:
+                    raise LaunchError(f"peer {p[:12]} refused the launch: {ack.reason}")
             current = self.table.get(rec.id)
             if current is not None and current.state == "queued":
                 self.table.update(running)

@@ -9,13 +9,13 @@ body it expects with the reply class's ``from_body``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Self
 
 from frenzyd.errors import WireError
 from frenzyd.jobs.model import JobRecord
-from frenzyd.net import wire
 from frenzyd.net.wire import Body, Schema, message
 
 SIGNED_KINDS: Final = frozenset({"job.launch", "job.stop"})
@@ -268,11 +268,11 @@ class JobFinished(Body):
 # --- replies (sent as ``ok`` frames) ---------------------------------------------------------
 
 
-class Reply:
+class Reply(ABC):
     """A handler's answer; ``to_body`` is the ``ok`` frame's body."""
 
-    def to_body(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def to_body(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +331,3 @@ class PayloadChunk(Reply):
 
     def to_body(self) -> dict[str, Any]:
         return {"ok": True, "data": self.data, "total": self.total}
-
-
-JOB_KINDS: Final = tuple(k for k, cls in wire.TYPES.items() if cls.__module__ == __name__)
-"""Every job message kind this module registered."""

@@ -76,7 +76,6 @@ class Orchestrator:
         node_id: str,
         node_name: str,
         data_dir: Path,
-        host: str,
         send: Send,
         send_order: Send,
         view: Callable[[], ClusterView],
@@ -93,12 +92,11 @@ class Orchestrator:
         socket_ifname: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.node_id, self.host = node_id, host
+        self.node_id = node_id
         self._view, self._gpus = view, gpus
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tg: asyncio.TaskGroup | None = None
         self._wake = asyncio.Event()
-        self.heartbeat_s = heartbeat_s
         self.ctx = RoleContext(node_id=node_id, node_name=node_name, send=send, send_order=send_order,
                                view=view, spawn=self._spawn, wake=self.wake, clock=clock,
                                heartbeat_s=heartbeat_s)
@@ -177,7 +175,7 @@ class Orchestrator:
                         log.warning("orchestrator tick: %s", exc)
                     self._wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.heartbeat_s):
+                        async with asyncio.timeout(self.ctx.heartbeat_s):
                             waiters = (asyncio.ensure_future(stop.wait()),
                                        asyncio.ensure_future(self._wake.wait()))
                             try:
@@ -201,7 +199,7 @@ class Orchestrator:
     async def tick(self) -> None:
         """One pass: lease expiry, submitter duties, coordinator duties."""
         now = self.ctx.clock()
-        for lease in self.leases.expire_unlaunched(now, ttl_s=max(30.0, 10 * self.heartbeat_s)):
+        for lease in self.leases.expire_unlaunched(now, ttl_s=max(30.0, 10 * self.ctx.heartbeat_s)):
             log.info("lease of job %s expired before its launch order came", lease.job_id)
         v = self._view()
         self.leases.observe_term(v.term)

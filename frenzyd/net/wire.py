@@ -14,6 +14,7 @@ Ed25519 signature over those bytes (see ``frenzyd.net.auth.seal_order``/``open_o
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self, TypeVar
@@ -190,7 +191,7 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX) -> Message:
 # --- typed messages ------------------------------------------------------------------------
 
 
-class Body:
+class Body(ABC):
     """Base of the typed message classes: one frozen dataclass per kind (``KIND``).
 
     A subclass turns itself into a body (``to_body``, keys in the order they go on the wire) and
@@ -200,12 +201,12 @@ class Body:
 
     KIND: ClassVar[str] = ""
 
-    def to_body(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def to_body(self) -> dict[str, Any]: ...
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> Self:
-        raise NotImplementedError
+    @abstractmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self: ...
 
 
 TYPES: dict[str, type[Body]] = {}

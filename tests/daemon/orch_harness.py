@@ -86,7 +86,7 @@ class Pool:
         decl = [{"uuid": f"SIM-{nid}-{i}", "index": i, "type": gpu_type, "memory_bytes": 16 * GIB,
                  "free_bytes": 16 * GIB, "simulated": True, "offered": True} for i in range(gpus)]
         orch = Orchestrator(
-            node_id=nid, node_name=nid, data_dir=data, host="127.0.0.1",
+            node_id=nid, node_name=nid, data_dir=data,
             send=self.sender(nid), send_order=self.sender(nid), view=self.view, gpus=lambda: decl,
             launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,

@@ -152,7 +152,7 @@ async def test_records_and_logs_survive_restart(pool: Pool, tmp_path: Path) -> N
     rec = await a.orch.submit(request(job_dir(tmp_path, "print('hello from rank')\n"), nproc=1))
     await wait_state(a, rec.id, {"succeeded"})
     again = Orchestrator(
-        node_id="a", node_name="a", data_dir=tmp_path / "a", host="127.0.0.1", send=pool.sender("a"),
+        node_id="a", node_name="a", data_dir=tmp_path / "a", send=pool.sender("a"),
         send_order=pool.sender("a"), view=pool.view, gpus=list, launcher=a.orch.launcher,
         rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
         collect_results=launcher_mod.collect_results,
