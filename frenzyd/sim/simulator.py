@@ -41,8 +41,27 @@ MAX_OOM_RESUBMITS = 3
 _EPS = 1e-9
 
 
-def plan_key(plan: Plan) -> tuple[str, int, int, int, int, int, int]:
-    return (plan.gpu_type, plan.gpus, plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batch)
+PlanKey = tuple[str, int, int, int, int, int, int, int]
+
+
+def plan_key(plan: Plan) -> PlanKey:
+    """Every field of a plan that changes its speed or its memory (not the derived bytes or step time).
+
+    Two plans with one key run alike: same GPU type and count, the same
+    dp × tp × pp layout, ZeRO stage, micro-batch and gradient accumulation
+    (``grad_accum`` sets the micro-batches per step: the pipeline bubble, the
+    all-reduce overlap and the activations in flight).
+    """
+    return (
+        plan.gpu_type,
+        plan.gpus,
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.zero,
+        plan.micro_batch,
+        plan.grad_accum,
+    )
 
 
 def plan_fits(job: SimJob, plan: Plan) -> bool:
