@@ -101,6 +101,16 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
             if n % setup.tp:
                 return f"tp={setup.tp} does not divide the {n} {what} of {model.name}: choose a tp that does"
     if setup.pp > 1:
+        if model.family != "llama":
+            return (
+                f"pipeline parallelism runs on the LLaMA family only: {model.name} is {model.family}; "
+                "use dp/ZeRO"
+            )
+        if model.sliding_window is not None and setup.seq_len > model.sliding_window:
+            return (
+                f"seq_len {setup.seq_len} exceeds the sliding window {model.sliding_window}: the pipeline's "
+                "stages attend causally over the whole sequence; shorten seq_len or use dp/ZeRO"
+            )
         if model.layers % setup.pp:
             return (
                 f"pp={setup.pp} does not split the {model.layers} layers of {model.name} evenly: "
