@@ -211,6 +211,26 @@ def make_optimizer(par: Parallel, plan: TrainerPlan, device_type: str) -> Any:
 # --------------------------------------------------------------------------- the whole plan
 
 
+class _NoRebuildReducer:
+    """DDP's C++ reducer without its one-time bucket rebuild, for pipeline stages.
+
+    The pipeline runs a stage's micro-batch backwards under ``no_sync`` and
+    syncs on the last; the reducer still records every micro-batch's gradient
+    order for the rebuild and then asserts (torch 2.13: "rebuilt parameter
+    indices size is not same as original model parameters size").  The
+    buckets of the first iteration (parameter order) hold the same gradients.
+    """
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_reducer"), name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
 def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimizer: bool = True) -> Parallel:
     """Shard ``model`` (built identically on every rank, on the CPU) per ``plan``; build its optimizer."""
     from torch.distributed.tensor import DTensor
@@ -243,6 +263,8 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
         ids = [device.index] if device.type == "cuda" else None
         module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
                                          gradient_as_bucket_view=True)
+        if plan.pp > 1:
+            module.reducer = _NoRebuildReducer(module.reducer)
     par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner,
                    params=dict(inner.named_parameters()), localized=localized)
     if optimizer:

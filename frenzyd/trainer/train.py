@@ -145,7 +145,7 @@ def _micro_step(par: Parallel, batch: Any, device: Any) -> float:
             par.schedule.step(target=ids, losses=losses)
         else:
             par.schedule.step()
-        return float(torch.stack(losses).mean()) if losses else 0.0
+        return float(torch.stack([x.detach() for x in losses]).mean()) if losses else 0.0
     total = torch.zeros((), dtype=torch.float32, device=device)
     mb = plan.micro_batch
     for m in range(plan.grad_accum):
