@@ -21,22 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from frenzyd.config import Config
-from frenzyd.errors import AuthError, ConfigError, ElectionError, FrenzyError, PeerError, WireError
+from frenzyd.errors import AuthError, ConfigError, PeerError
 from frenzyd.net import auth, tls, wire
+from frenzyd.net.dispatch import Counters, Dispatcher, FallbackHandler, Handler, Reply, error_frame
 from frenzyd.net.election import Change, ElectionState, PeerView
 from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
 from frenzyd.net.ratelog import RateLimitedLog
@@ -50,22 +49,8 @@ CONNECTIONS_PER_PEER = 8
 FRAME_OVERHEAD = 64 * 1024
 """Room for an envelope's certificate, signature and keys around a payload-sized body."""
 
-
-@dataclass(frozen=True)
-class Reply:
-    """A handler's reply of a kind other than ``ok``."""
-
-    kind: str
-    body: dict[str, Any]
-
-
-Handler = Callable[[str, Any], Awaitable[dict[str, Any] | Reply | None]]
-"""``async handler(peer_id, message)`` → reply body (sent as ``ok``), a :class:`Reply`, or None.
-
-``message`` is the kind's typed class (``wire.parse``), or the checked body for kinds without one."""
-
-FallbackHandler = Callable[[str, wire.Message, bool], Awaitable[dict[str, Any] | Reply | None]]
-"""``async on_message(peer_id, message, signed)`` for kinds without a registered handler."""
+__all__ = ["CONNECTIONS_PER_PEER", "CONTENT_TYPE", "FRAME_OVERHEAD", "MSG_PATH", "FallbackHandler", "Handler",
+           "PeerNetwork", "Reply"]
 
 
 def _tls_peer_der(transport: asyncio.BaseTransport | None) -> bytes:
@@ -112,24 +97,26 @@ class PeerNetwork:
         self.config = config
         self.creds = creds
         self.election = election
-        self._fallback = on_message
         self._report_provider = report_provider
         self._on_change = on_change
         self._on_peer = on_peer
         self._clock = clock
         t = config.timing
-        self.max_frame_bytes = max_frame_bytes or config.launcher.max_payload_bytes + FRAME_OVERHEAD
+        self.counters = Counters()
+        self.dispatch = Dispatcher(
+            creds,
+            election,
+            self.counters,
+            max_frame_bytes=max_frame_bytes or config.launcher.max_payload_bytes + FRAME_OVERHEAD,
+            fallback=on_message,
+            clock=clock,
+        )
+        self.dispatch.bind(self._answer_heartbeat, self._changed)
         self.table = PeerTable(t.peer_timeout_s)
         self.book = AddressBook(base_s=t.heartbeat_s, max_s=max(8 * t.heartbeat_s, t.peer_timeout_s))
         for p in config.network.peers:
             self.book.add(str(p), "static", pinned=True)
-        self.dropped: Counter[str] = Counter()
-        self.auth_refusals: Counter[str] = Counter()
-        self.send_failures: Counter[str] = Counter()
-        self.received: Counter[str] = Counter()
-        self.sent: Counter[str] = Counter()
         self.heartbeat_rounds = 0
-        self._handlers: dict[str, tuple[Handler, bool]] = {}
         self._ratelog = RateLimitedLog(log, clock=clock)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -140,16 +127,43 @@ class PeerNetwork:
         self.address = config.network.advertise_address
         self._progress: asyncio.Event | None = None
 
+    # --- counters ----------------------------------------------------------------------------
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The cap on one incoming frame (bytes)."""
+        return self.dispatch.max_frame_bytes
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self.dispatch.max_frame_bytes = value
+
+    @property
+    def dropped(self) -> Counter[str]:
+        return self.counters.dropped
+
+    @property
+    def auth_refusals(self) -> Counter[str]:
+        return self.counters.auth_refusals
+
+    @property
+    def send_failures(self) -> Counter[str]:
+        return self.counters.send_failures
+
+    @property
+    def received(self) -> Counter[str]:
+        return self.counters.received
+
+    @property
+    def sent(self) -> Counter[str]:
+        return self.counters.sent
+
     # --- registration ------------------------------------------------------------------------
 
     def on(self, kind: str, handler: Handler, *, signed: bool = False) -> None:
         """Handle messages of ``kind``.  ``signed=True``: accept it only inside a verified
         ``signed`` envelope whose ``term`` the election accepts (orders that start/stop work)."""
-        if kind not in wire.KINDS:
-            raise ValueError(f"register the message kind {kind!r} with wire.register_kind first")
-        if kind in ("heartbeat", wire.SIGNED_KIND):
-            raise ValueError(f"{kind!r} is handled by the peer layer itself")
-        self._handlers[kind] = (handler, signed)
+        self.dispatch.on(kind, handler, signed=signed)
 
     def add_address(self, address: str, hints: Mapping[str, str] | None = None, source: str = "mdns") -> None:
         """Learn an address to dial (discovery's ``on_found``).  A hint naming another pool is
@@ -227,15 +241,6 @@ class PeerNetwork:
         self.auth_refusals[reason] += 1
         self._ratelog.warning(f"tls:{reason}", "refused a TLS connection: %s", reason)
 
-    def _drop(self, reason: str, peer: str, detail: str) -> tuple[int, bytes]:
-        self.dropped[reason] += 1
-        self._ratelog.warning(f"drop:{reason}", "dropped a frame from %s: %s (%s)", peer, reason, detail)
-        return self._error(reason, detail, 400)
-
-    @staticmethod
-    def _error(reason: str, detail: str, status: int) -> tuple[int, bytes]:
-        return status, wire.encode("error", {"reason": reason, "detail": detail[:500]})
-
     async def _handle(self, request: web.Request) -> web.Response:
         try:
             peer_id, peer_name = auth.peer_identity_from_der(
@@ -244,85 +249,17 @@ class PeerNetwork:
         except AuthError as exc:
             self.auth_refusals[exc.reason] += 1
             self._ratelog.warning(f"auth:{exc.reason}", "refused a request from %s: %s", request.remote, exc)
-            status, frame = self._error(exc.reason, str(exc), 403)
+            status, frame = error_frame(exc.reason, str(exc), 403)
         else:
             label = f"{peer_name} ({peer_id[:12]})"
             try:
                 data = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                status, frame = self._drop("oversized", label, f"body over {self.max_frame_bytes} bytes")
+                too_big = f"body over {self.max_frame_bytes} bytes"
+                status, frame = self.dispatch.drop("oversized", label, too_big)
             else:
-                status, frame = await self._process(peer_id, label, data)
+                status, frame = await self.dispatch.process(peer_id, label, data)
         return web.Response(body=frame, status=status, content_type=CONTENT_TYPE)
-
-    async def _process(self, peer_id: str, label: str, data: bytes) -> tuple[int, bytes]:
-        """Decode, authorise and dispatch one frame from an authenticated peer; return the HTTP
-        status and the reply frame.  Never raises: every failure becomes an ``error`` frame."""
-        try:
-            msg = wire.decode(data, max_bytes=self.max_frame_bytes)
-        except wire.FrameRejected as exc:
-            return self._drop(exc.reason, label, exc.detail)
-        self.received[msg.kind] += 1
-        try:
-            kind, body = await self._dispatch(peer_id, msg)
-        except wire.FrameRejected as exc:
-            return self._drop(exc.reason, label, exc.detail)
-        except AuthError as exc:
-            self.auth_refusals[exc.reason] += 1
-            self._ratelog.warning(f"auth:{exc.reason}", "refused an order from %s: %s", label, exc)
-            return self._error(exc.reason, str(exc), 403)
-        except ElectionError as exc:
-            reason = str(exc).split(":", 1)[0]
-            self.dropped[reason] += 1
-            self._ratelog.warning(f"term:{reason}", "refused an order from %s: %s", label, exc)
-            return self._error(reason, str(exc), 409)
-        except FrenzyError as exc:
-            why: object = getattr(exc, "reason", None)
-            return self._error(why if isinstance(why, str) else type(exc).__name__, str(exc), 400)
-        except Exception:
-            log.exception("handler for %r from %s failed", msg.kind, label)
-            return self._error("internal", f"handler for {msg.kind!r} failed", 500)
-        try:
-            return 200, wire.encode(kind, body)
-        except WireError:
-            log.exception("handler for %r returned an invalid reply", msg.kind)
-            return self._error("internal", "invalid reply", 500)
-
-    async def _dispatch(self, peer_id: str, msg: wire.Message) -> tuple[str, dict[str, Any]]:
-        if msg.kind == "heartbeat":
-            if msg.body["node_id"] != peer_id:
-                raise AuthError("identity_mismatch", "heartbeat names another node than its certificate")
-            self._heard(msg.body)
-            return "heartbeat", self._my_heartbeat()
-        signed = False
-        if msg.kind == wire.SIGNED_KIND:
-            order = auth.open_order(
-                self.creds.ca_pem,
-                msg,
-                sender_id=peer_id,
-                now=dt.datetime.now(dt.UTC),
-                max_bytes=self.max_frame_bytes,
-            )
-            msg, signed = order.message, True
-            term = msg.body.get("term")
-            if not isinstance(term, int) or isinstance(term, bool):
-                raise wire.FrameRejected("schema", f"signed order {msg.kind!r} carries no integer 'term'")
-            change = self.election.check_order(peer_id, term)
-            if change is not None:
-                self._changed(change)
-        entry = self._handlers.get(msg.kind)
-        if entry is None:
-            if self._fallback is None:
-                raise wire.FrameRejected("unknown_kind", f"no handler for {msg.kind!r} on this node")
-            result = await self._fallback(peer_id, msg, signed)
-        else:
-            handler, needs_signature = entry
-            if needs_signature and not signed:
-                raise AuthError("unsigned_order", f"{msg.kind!r} must be sent signed")
-            result = await handler(peer_id, wire.parse(msg))
-        if isinstance(result, Reply):
-            return result.kind, result.body
-        return "ok", result or {}
 
     # --- heartbeats and liveness -------------------------------------------------------------
 
@@ -345,6 +282,10 @@ class PeerNetwork:
             "coordinator": v.coordinator,
             "report": report,
         }
+
+    def _answer_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._heard(body)
+        return self._my_heartbeat()
 
     def _heard(self, body: dict[str, Any]) -> None:
         now = self._clock()
@@ -596,7 +537,7 @@ class PeerNetwork:
     ) -> wire.Message:
         if node_id == self.creds.node_id:
             # To ourselves: the same decode, checks and handlers, without the network.
-            _, reply_frame = await self._process(node_id, "this node", frame)
+            _, reply_frame = await self.dispatch.process(node_id, "this node", frame)
             reply = wire.decode(reply_frame, max_bytes=max(len(reply_frame), 1))
             self.sent[kind] += 1
             if reply.kind == "error":
