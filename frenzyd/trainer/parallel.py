@@ -264,7 +264,7 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
         module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
                                          gradient_as_bucket_view=True)
         if plan.pp > 1:
-            module.reducer = _NoRebuildReducer(module.reducer)
+            module.reducer = _NoRebuildReducer(module.reducer)  # type: ignore[assignment]
     par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner,
                    params=dict(inner.named_parameters()), localized=localized)
     if optimizer:

@@ -43,7 +43,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_group(world: int, tasks: list[dict[str, Any]], workdir: Path, *, timeout: float = 240) -> dict[str, Any]:
+def run_group(world: int, tasks: list[dict[str, Any]], workdir: Path, *,
+              timeout: float = 240) -> dict[str, Any]:
     """Run ``tasks`` in ONE process group of ``world`` real ranks (gloo, loopback); rank 0's summaries."""
     workdir.mkdir(parents=True, exist_ok=True)
     results = workdir / f"results-ws{world}.json"

@@ -37,7 +37,8 @@ SHAPES: dict[int, list[tuple[str, dict[str, int]]]] = {
         ("gpt2", {"dp": 2}), ("gpt2", {"dp": 2, "zero": 1}), ("gpt2", {"dp": 2, "zero": 3})],
     3: [("llama", {"dp": 3}), ("llama", {"dp": 3, "zero": 1}), ("llama", {"dp": 3, "zero": 2}),
         ("llama", {"dp": 3, "zero": 3})],
-    4: [("llama", {"dp": 4, "zero": 3}), ("llama", {"dp": 2, "tp": 2}), ("llama", {"dp": 2, "tp": 2, "zero": 2}),
+    4: [("llama", {"dp": 4, "zero": 3}), ("llama", {"dp": 2, "tp": 2}),
+        ("llama", {"dp": 2, "tp": 2, "zero": 2}),
         ("llama", {"dp": 2, "tp": 2, "zero": 3}), ("llama", {"dp": 2, "pp": 2})],
 }
 
@@ -70,7 +71,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out.update(run_group(2, ws2, root))
     out.update(run_group(3, [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[3]], root))
     ws4 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[4]]
-    ws4.append(task("resume-dp2-tp2", plan("llama", dp=2, tp=2, checkpoint_every=5), checkpoint_dir=str(ckpt)))
+    ws4.append(task("resume-dp2-tp2", plan("llama", dp=2, tp=2, checkpoint_every=5),
+                    checkpoint_dir=str(ckpt)))
     out.update(run_group(4, ws4, root))
     return out
 
@@ -87,9 +89,11 @@ def test_every_table_entry_is_run(tmp_path: Path) -> None:
     seen = set()
     for world, shapes in SHAPES.items():
         for model, s in shapes:
-            p = resolve({"model": cfg[model], "data": "x", "seq_len": 16, "global_batch": 12, "steps": 1, **s})
+            raw = {"model": cfg[model], "data": "x", "seq_len": 16, "global_batch": 12, "steps": 1}
+            p = resolve({**raw, **s})
             combo = combo_of(p.setup())
-            assert combo is not None and p.world_size == world
+            assert combo is not None
+            assert p.world_size == world
             assert load_model(cfg[model]).layers % p.pp == 0
             seen.add(combo.name)
     assert seen == {c.name for c in COMBOS} - {"single"}
@@ -124,14 +128,17 @@ def test_zero3_shards_what_dp_replicates(runs: dict[str, Any]) -> None:
 
 def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any]) -> None:
     stopped, resumed, ref = runs["stop-zero3"], runs["resume-dp2-tp2"], runs["llama-ref"]
-    assert stopped["state"] == "stopped" and stopped["steps_done"] == STOP_AT
+    assert stopped["state"] == "stopped"
+    assert stopped["steps_done"] == STOP_AT
     assert stopped["checkpoint"].endswith(f"step-{STOP_AT:08d}")
     ckpt = Path(runs["root"]) / "ckpt"
     complete = sorted(p.name for p in ckpt.glob("step-*"))
     assert complete == [f"step-{STEPS - (STEPS % 5 or 5):08d}"]  # the resumed run's newest; older pruned
     state = json.loads((ckpt / complete[0] / "trainer_state.json").read_text())
-    assert state["world_size"] == 4 and state["plan"]["tp"] == 2
-    assert resumed["resumed_from_step"] == STOP_AT and resumed["steps_done"] == STEPS
+    assert state["world_size"] == 4
+    assert state["plan"]["tp"] == 2
+    assert resumed["resumed_from_step"] == STOP_AT
+    assert resumed["steps_done"] == STEPS
     assert resumed["losses"][:STOP_AT] == stopped["losses"]
     assert _close(resumed["losses"], ref["losses"], TOL) <= TOL
 
@@ -145,7 +152,8 @@ def test_returned_model_reproduces_final_eval_loss(runs: dict[str, Any], name: s
 
     got = runs[name]
     model_dir = Path(got["model_dir"])
-    assert (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
+    assert (model_dir / "config.json").is_file()
+    assert (model_dir / "model.safetensors").is_file()
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
     model.eval()
     plan = got["plan"]
