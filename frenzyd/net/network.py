@@ -29,48 +29,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-
 from frenzyd.config import Config
-from frenzyd.errors import AuthError, ConfigError, PeerError
-from frenzyd.net import auth, tls, wire
-from frenzyd.net.dispatch import Counters, Dispatcher, FallbackHandler, Handler, Reply, error_frame
+from frenzyd.errors import PeerError
+from frenzyd.net import auth, wire
+from frenzyd.net.dispatch import Counters, Dispatcher, FallbackHandler, Handler, Reply
 from frenzyd.net.election import Change, ElectionState, PeerView
 from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
-from frenzyd.net.ratelog import RateLimitedLog
+from frenzyd.net.transport import CONNECTIONS_PER_PEER, CONTENT_TYPE, FRAME_OVERHEAD, MSG_PATH, Transport
 
 log = logging.getLogger(__name__)
 
-MSG_PATH = "/v1/msg"
-CONTENT_TYPE = "application/x-frenzy-frame"
-CONNECTIONS_PER_PEER = 8
-"""Kept-alive TLS connections per peer (requests beyond this wait for a free one)."""
-FRAME_OVERHEAD = 64 * 1024
-"""Room for an envelope's certificate, signature and keys around a payload-sized body."""
-
 __all__ = ["CONNECTIONS_PER_PEER", "CONTENT_TYPE", "FRAME_OVERHEAD", "MSG_PATH", "FallbackHandler", "Handler",
            "PeerNetwork", "Reply"]
-
-
-def _tls_peer_der(transport: asyncio.BaseTransport | None) -> bytes:
-    if transport is None:
-        return b""
-    ssl_object = transport.get_extra_info("ssl_object")
-    if ssl_object is None:
-        return b""
-    der = ssl_object.getpeercert(binary_form=True)
-    return der or b""
-
-
-def _response_der(resp: aiohttp.ClientResponse) -> bytes:
-    # The connection is released as soon as a small body is complete, possibly before
-    # we look; the protocol (and its transport) stays reachable on the response.
-    conn = resp.connection
-    if conn is not None and conn.transport is not None:
-        return _tls_peer_der(conn.transport)
-    proto = getattr(resp, "_protocol", None)
-    return _tls_peer_der(getattr(proto, "transport", None))
 
 
 class PeerNetwork:
@@ -117,15 +87,20 @@ class PeerNetwork:
         for p in config.network.peers:
             self.book.add(str(p), "static", pinned=True)
         self.heartbeat_rounds = 0
-        self._ratelog = RateLimitedLog(log, clock=clock)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self.transport = Transport(config, creds, self.dispatch, self.table, clock=clock)
         self._loop_task: asyncio.Task[None] | None = None
-        self._inflight: dict[str, asyncio.Task[None]] = {}
         self._was_live: set[str] = set()
-        self.port: int | None = None
-        self.address = config.network.advertise_address
         self._progress: asyncio.Event | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The port the server listens on (None before :meth:`start`)."""
+        return self.transport.port
+
+    @property
+    def address(self) -> str:
+        """This node's advertised ``host:port`` for peers."""
+        return self.transport.address
 
     # --- counters ----------------------------------------------------------------------------
 
@@ -181,41 +156,8 @@ class PeerNetwork:
 
     async def start(self) -> None:
         """Bind the server, open the client session and start the heartbeat loop."""
-        app = web.Application(client_max_size=self.max_frame_bytes)
-        app.router.add_post(MSG_PATH, self._handle)
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=max(0.5, self.config.timing.shutdown_deadline_s / 2),
-        )
-        await self._runner.setup()
-        listen = self.config.network.listen
-        site = web.TCPSite(
-            self._runner,
-            listen.host,
-            listen.port,
-            ssl_context=tls.server_context(self.creds, self._count_handshake_failure),
-            backlog=128,
-        )
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            self._runner = None
-            raise ConfigError(
-                f"cannot listen for peers on {listen}: {exc.strerror or exc}; is another frenzyd running? "
-                "Change [network] listen or stop the other process"
-            ) from exc
-        self.port = site.port  # the real port when listen asks for port 0
-        adv = self.config.network.advertise or listen.host
-        self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"
-        connector = aiohttp.TCPConnector(
-            ssl=tls.client_context(self.creds), limit=256, limit_per_host=CONNECTIONS_PER_PEER
-        )
-        self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+        await self.transport.start()
         self._loop_task = asyncio.create_task(self._heartbeat_loop(), name="frenzy-heartbeats")
-        log.info("peer API on %s (advertised as %s), node %s", listen, self.address, self.creds.node_id)
 
     async def stop(self) -> None:
         """Stop heartbeats, close the client session and the server (idempotent)."""
@@ -224,42 +166,7 @@ class PeerNetwork:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
-        for task in list(self._inflight.values()):
-            task.cancel()
-        if self._inflight:
-            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    # --- the server side ---------------------------------------------------------------------
-
-    def _count_handshake_failure(self, reason: str) -> None:
-        self.auth_refusals[reason] += 1
-        self._ratelog.warning(f"tls:{reason}", "refused a TLS connection: %s", reason)
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        try:
-            peer_id, peer_name = auth.peer_identity_from_der(
-                self.creds.ca_pem, _tls_peer_der(request.transport)
-            )
-        except AuthError as exc:
-            self.auth_refusals[exc.reason] += 1
-            self._ratelog.warning(f"auth:{exc.reason}", "refused a request from %s: %s", request.remote, exc)
-            status, frame = error_frame(exc.reason, str(exc), 403)
-        else:
-            label = f"{peer_name} ({peer_id[:12]})"
-            try:
-                data = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                too_big = f"body over {self.max_frame_bytes} bytes"
-                status, frame = self.dispatch.drop("oversized", label, too_big)
-            else:
-                status, frame = await self.dispatch.process(peer_id, label, data)
-        return web.Response(body=frame, status=status, content_type=CONTENT_TYPE)
+        await self.transport.stop()
 
     # --- heartbeats and liveness -------------------------------------------------------------
 
@@ -345,26 +252,21 @@ class PeerNetwork:
         frame = wire.encode("heartbeat", self._my_heartbeat())
         started: list[asyncio.Task[None]] = []
         for address in self.book.due(self._clock()):
-            if address in self._inflight:
-                continue
-            task = asyncio.create_task(self._beat(address, frame), name=f"heartbeat {address}")
-            self._inflight[address] = task
-            task.add_done_callback(functools.partial(self._beat_done, address))
-            started.append(task)
+            task = self.transport.begin(address, functools.partial(self._beat, address, frame),
+                                        f"heartbeat to {address}")
+            if task is not None:
+                started.append(task)
         if started:
             await asyncio.wait(started, timeout=wait_s)
         self.heartbeat_rounds += 1
         self.tick()
         self._notify()
 
-    def _beat_done(self, address: str, task: asyncio.Task[None]) -> None:
-        self._inflight.pop(address, None)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("heartbeat to %s failed unexpectedly", address, exc_info=exc)
-
     async def _beat(self, address: str, frame: bytes) -> None:
         try:
-            peer_id, reply = await self._post(address, frame, self.config.timing.request_timeout_s, 1 << 20)
+            peer_id, reply = await self.transport.post(
+                address, frame, self.config.timing.request_timeout_s, 1 << 20
+            )
         except PeerError as exc:
             self.book.failed(address, self._clock())
             log.debug("heartbeat to %s failed: %s", address, exc)
@@ -443,61 +345,7 @@ class PeerNetwork:
         ]
         return [me, *others]
 
-    # --- the client side ---------------------------------------------------------------------
-
-    async def _post(
-        self, address: str, frame: bytes, timeout_s: float, max_reply: int
-    ) -> tuple[str, wire.Message]:
-        if self._session is None:
-            raise PeerError("not_started", "PeerNetwork.start() has not run")
-        url = f"https://{address}{MSG_PATH}"
-        try:
-            async with self._session.post(
-                url,
-                data=frame,
-                headers={"Content-Type": CONTENT_TYPE},
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as resp:
-                der = _response_der(resp)
-                if resp.content_length is not None and resp.content_length > max_reply:
-                    raise self._fail("oversized_reply", f"{address} replied {resp.content_length} bytes")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    size += len(chunk)
-                    if size > max_reply:
-                        raise self._fail("oversized_reply", f"{address} replied over {max_reply} bytes")
-                    chunks.append(chunk)
-        except aiohttp.ClientConnectorCertificateError as exc:
-            self.auth_refusals["untrusted_certificate"] += 1
-            self._ratelog.warning(f"cert:{address}", "%s presented a certificate of another pool", address)
-            raise self._fail("untrusted_certificate", f"{address}: {exc.certificate_error}") from exc
-        except aiohttp.ClientSSLError as exc:
-            raise self._fail("tls_handshake", f"{address}: {exc}") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise self._fail("unreachable", f"{address}: {exc.os_error}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            # Under TLS 1.3 a server that rejects our certificate shows it here, on the first read.
-            raise self._fail("refused", f"{address} closed the connection: {exc}") from exc
-        except TimeoutError as exc:
-            raise self._fail("timeout", f"{address} did not answer within {timeout_s}s") from exc
-        except aiohttp.ClientError as exc:
-            raise self._fail("transport", f"{address}: {exc}") from exc
-        try:
-            peer_id, _ = auth.peer_identity_from_der(self.creds.ca_pem, der)
-        except AuthError as exc:
-            self.auth_refusals[exc.reason] += 1
-            raise self._fail(exc.reason, f"{address}: {exc}") from exc
-        try:
-            reply = wire.decode(b"".join(chunks), max_bytes=max_reply)
-        except wire.FrameRejected as exc:
-            self.dropped[exc.reason] += 1
-            raise self._fail("bad_reply", f"{address}: {exc}") from exc
-        return peer_id, reply
-
-    def _fail(self, reason: str, detail: str) -> PeerError:
-        self.send_failures[reason] += 1
-        return PeerError(reason, detail)
+    # --- sending ---------------------------------------------------------------------------
 
     async def send(
         self,
@@ -515,7 +363,7 @@ class PeerNetwork:
         answered at that address), or the peer's own refusal reason (an ``error`` reply).
         """
         frame = wire.encode(kind, body)
-        return await self._send_frame(node_id, kind, frame, timeout, max_reply_bytes)
+        return await self.transport.send_frame(node_id, kind, frame, timeout, max_reply_bytes)
 
     async def send_signed(
         self,
@@ -530,35 +378,7 @@ class PeerNetwork:
         if "term" not in body:
             raise ValueError("signed orders carry the coordinator's 'term'")
         frame = wire.encode(wire.SIGNED_KIND, auth.seal_order(self.creds, kind, body))
-        return await self._send_frame(node_id, kind, frame, timeout, max_reply_bytes)
-
-    async def _send_frame(
-        self, node_id: str, kind: str, frame: bytes, timeout_s: float | None, max_reply_bytes: int | None
-    ) -> wire.Message:
-        if node_id == self.creds.node_id:
-            # To ourselves: the same decode, checks and handlers, without the network.
-            _, reply_frame = await self.dispatch.process(node_id, "this node", frame)
-            reply = wire.decode(reply_frame, max_bytes=max(len(reply_frame), 1))
-            self.sent[kind] += 1
-            if reply.kind == "error":
-                raise PeerError(reply.body["reason"], reply.body.get("detail", ""))
-            return reply
-        rec = self.table.get(node_id)
-        if rec is None:
-            raise self._fail("unknown_peer", f"no address known for node {node_id[:12]}")
-        peer_id, reply = await self._post(
-            rec.address,
-            frame,
-            timeout_s or self.config.timing.request_timeout_s,
-            max_reply_bytes or self.max_frame_bytes,
-        )
-        if peer_id != node_id:
-            self.auth_refusals["wrong_peer"] += 1
-            raise self._fail("wrong_peer", f"{rec.address} is node {peer_id[:12]}, not {node_id[:12]}")
-        self.sent[kind] += 1
-        if reply.kind == "error":
-            raise PeerError(reply.body["reason"], reply.body.get("detail", ""))
-        return reply
+        return await self.transport.send_frame(node_id, kind, frame, timeout, max_reply_bytes)
 
     async def broadcast(
         self,

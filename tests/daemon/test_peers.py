@@ -238,11 +238,11 @@ async def test_foreign_certificate_is_refused_on_the_first_read(
     a.max_frame_bytes = 4096
     await a.start()
     try:
-        assert a._session is not None
-        await a._session.close()
-        a._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
+        assert a.transport.session is not None  # swap in a client that trusts n1's server
+        await a.transport.session.close()
+        a.transport.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
         with pytest.raises(PeerError) as info:
-            await a._post(n1.address, wire.encode("ok", {}), 5.0, 4096)
+            await a.transport.post(n1.address, wire.encode("ok", {}), 5.0, 4096)
         assert info.value.reason == "refused"
     finally:
         await a.stop()
@@ -389,11 +389,11 @@ async def test_an_unresponsive_address_does_not_hold_up_the_round(make_net: Any)
         n1.add_address(n2.address, source="static")
         await n1.heartbeat_once(wait_s=1.0)
         assert n2.creds.node_id in n1.live_peers()
-        stuck = n1._inflight.get(sink_addr)  # still waiting for the sink (request timeout 2 s)
+        stuck = n1.transport.in_flight(sink_addr)  # still waiting for the sink (request timeout 2 s)
         assert stuck is not None
         assert not stuck.done()
         await n1.heartbeat_once(wait_s=0.0)  # the next round does not stack a second beat on it
-        assert n1._inflight.get(sink_addr) is stuck
+        assert n1.transport.in_flight(sink_addr) is stuck
     finally:
         for w in held:
             w.close()
