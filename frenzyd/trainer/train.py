@@ -181,14 +181,14 @@ def _eval_loss(par: Parallel, data: TokenData, device: Any) -> float:
                 if me == 0:
                     h = par.inner(x)
                 else:
-                    shape = torch.empty(3, dtype=torch.int64)
+                    shape = torch.empty(3, dtype=torch.int64, device=device)
                     dist.recv(shape, src=ranks[me - 1])
                     h = torch.empty(tuple(int(v) for v in shape), dtype=next(par.inner.parameters()).dtype,
                                     device=device)
                     dist.recv(h, src=ranks[me - 1])
                     h = par.inner(h)
                 if me < last:
-                    dist.send(torch.tensor(h.shape, dtype=torch.int64), dst=ranks[me + 1])
+                    dist.send(torch.tensor(h.shape, dtype=torch.int64, device=device), dst=ranks[me + 1])
                     dist.send(h.contiguous(), dst=ranks[me + 1])
                 else:
                     total += float(causal_lm_loss(h, x))

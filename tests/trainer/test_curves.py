@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 STEPS = 20
 TOL = 1e-4
 """|Δloss| <= TOL · loss at every step (fp32)."""
-BF16_TOL = 2e-2
-"""bf16-mixed on 2 ranks vs 1 (autocast rounds differently per micro-batch shape); measured below."""
+BF16_TOL = 1e-3
+"""bf16-mixed, dp=2 vs 1 rank: measured 6.9e-5 (torch 2.13 CPU autocast, 20 steps); bound with margin."""
 STOP_AT = 8
 
 # (world size, model, shape) - every table entry at the world sizes where the tiny models allow it:
@@ -68,8 +68,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ws2.append(task("llama-bf16-dp2", plan("llama", dp=2, dtype="bf16-mixed")))
     ws2.append(task("stop-zero3", plan("llama", dp=2, zero=3, checkpoint_every=5),
                     checkpoint_dir=str(ckpt), stop_at=STOP_AT))
+    ws2.append(task("stop-pp2", plan("llama", pp=2), checkpoint_dir=str(root / "ckpt-pp"), stop_at=STOP_AT))
     out.update(run_group(2, ws2, root))
-    out.update(run_group(3, [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[3]], root))
+    ws3 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[3]]
+    ws3.append(task("resume-zero1-dp3", plan("llama", dp=3, zero=1), checkpoint_dir=str(root / "ckpt-pp")))
+    out.update(run_group(3, ws3, root))
     ws4 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[4]]
     ws4.append(task("resume-dp2-tp2", plan("llama", dp=2, tp=2, checkpoint_every=5),
                     checkpoint_dir=str(ckpt)))
@@ -105,6 +108,8 @@ def test_every_table_entry_is_run(tmp_path: Path) -> None:
 def test_plan_matches_single_process_curve(runs: dict[str, Any], world: int, model: str,
                                            shape: dict[str, int]) -> None:
     got, ref = runs[_name(model, shape)], runs[f"{model}-ref"]
+    worst = _close(got["losses"], ref["losses"], TOL)
+    print(f"ws{world} {_name(model, shape)}: max |Δloss|/loss = {worst:.2e}")
     assert got["steps_done"] == STEPS
     assert _close(got["losses"], ref["losses"], TOL) <= TOL, (got["losses"], ref["losses"])
     assert ref["losses"][-1] < ref["losses"][0] - 0.3, "the reference must actually learn"
@@ -126,17 +131,23 @@ def test_zero3_shards_what_dp_replicates(runs: dict[str, Any]) -> None:
     assert z3 < 0.75 * dp
 
 
-def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any]) -> None:
-    stopped, resumed, ref = runs["stop-zero3"], runs["resume-dp2-tp2"], runs["llama-ref"]
+@pytest.mark.parametrize(("stop", "resume"),
+                         [("stop-zero3", "resume-dp2-tp2"), ("stop-pp2", "resume-zero1-dp3")])
+def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any], stop: str, resume: str) -> None:
+    """ZeRO-3 on 2 ranks -> dp2 x tp2 on 4; pp2 on 2 -> ZeRO-1 on 3 (each continues the same curve)."""
+    stopped, resumed, ref = runs[stop], runs[resume], runs["llama-ref"]
     assert stopped["state"] == "stopped"
     assert stopped["steps_done"] == STOP_AT
     assert stopped["checkpoint"].endswith(f"step-{STOP_AT:08d}")
-    ckpt = Path(runs["root"]) / "ckpt"
+    ckpt = Path(stopped["checkpoint"]).parent
     complete = sorted(p.name for p in ckpt.glob("step-*"))
-    assert complete == [f"step-{STEPS - (STEPS % 5 or 5):08d}"]  # the resumed run's newest; older pruned
-    state = json.loads((ckpt / complete[0] / "trainer_state.json").read_text())
-    assert state["world_size"] == 4
-    assert state["plan"]["tp"] == 2
+    if resumed["plan"]["checkpoint_every"]:  # the resumed run's newest; older ones pruned
+        assert complete == [f"step-{STEPS - (STEPS % 5 or 5):08d}"]
+        state = json.loads((ckpt / complete[0] / "trainer_state.json").read_text())
+        assert state["world_size"] == 4
+        assert state["plan"]["tp"] == 2
+    else:
+        assert complete == [f"step-{STOP_AT:08d}"]
     assert resumed["resumed_from_step"] == STOP_AT
     assert resumed["steps_done"] == STEPS
     assert resumed["losses"][:STOP_AT] == stopped["losses"]
