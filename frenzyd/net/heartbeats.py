@@ -25,6 +25,7 @@ from frenzyd.errors import PeerError
 from frenzyd.net import auth, wire
 from frenzyd.net.dispatch import Counters
 from frenzyd.net.election import Change, ElectionState, PeerView
+from frenzyd.net.messages import Heartbeat, HeartbeatReport
 from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
 from frenzyd.net.transport import Transport
 
@@ -101,36 +102,38 @@ class Heartbeats:
 
     # --- one heartbeat -----------------------------------------------------------------------
 
-    def build(self) -> dict[str, Any]:
-        """This node's heartbeat body, its report from the report provider."""
+    def build(self) -> Heartbeat:
+        """This node's heartbeat; its report is this node's Python version and what the report
+        provider adds (a provider that fails, or gives a report of the wrong shape, is logged and
+        left out)."""
         v = self.election.view()
-        report: dict[str, Any] = {
-            "python": ".".join(str(v) for v in sys.version_info[:3]),
-        }
+        python = ".".join(str(v) for v in sys.version_info[:3])
+        report = HeartbeatReport(python=python)
         if self._report_provider is not None:
             try:
-                report.update(self._report_provider())
+                report = HeartbeatReport.from_dict({"python": python, **self._report_provider()})
             except Exception:
                 log.exception("report provider failed; sending a heartbeat without its report")
-        return {
-            "node_id": self.creds.node_id,
-            "name": self.creds.node_name,
-            "address": self.transport.address,
-            "priority": v.priority,
-            "term": v.term,
-            "coordinator": v.coordinator,
-            "report": report,
-        }
+        return Heartbeat(
+            node_id=self.creds.node_id,
+            name=self.creds.node_name,
+            address=self.transport.address,
+            priority=v.priority,
+            term=v.term,
+            coordinator=v.coordinator,
+            report=report,
+        )
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A peer's heartbeat (its node id matched to its certificate): record it, return ours."""
-        self.heard(body)
-        return self.build()
+        """A peer's heartbeat body (its node id matched to its certificate): record it, return ours.
+        Raises :class:`~frenzyd.net.wire.FrameRejected` (``schema``) for a report of the wrong shape."""
+        self.heard(Heartbeat.from_body(body))
+        return self.build().to_body()
 
-    def heard(self, body: dict[str, Any]) -> None:
+    def heard(self, hb: Heartbeat) -> None:
         """Record an authenticated heartbeat: the peer table, the election's view, its address."""
         now = self._clock()
-        rec, revived = self.table.heard(body, now)
+        rec, revived = self.table.heard(hb, now)
         self.election.observe(PeerView(rec.node_id, rec.priority, rec.term, rec.coordinator))
         if rec.address and rec.address != self.transport.address:
             self.book.add(rec.address, "report")
@@ -186,7 +189,7 @@ class Heartbeats:
         a slow address keeps its beat in flight and is skipped until it finishes, so
         one unreachable peer never delays the others' heartbeats or the election.
         """
-        frame = wire.encode("heartbeat", self.build())
+        frame = wire.encode_message(self.build())
         started: list[asyncio.Task[None]] = []
         for address in self.book.due(self._clock()):
             beat = functools.partial(self._beat, address, frame)
@@ -214,8 +217,15 @@ class Heartbeats:
             self.book.failed(address, self._clock())
             self.counters.auth_refusals["identity_mismatch"] += 1
             return
+        try:
+            hb = Heartbeat.from_body(reply.body)
+        except wire.FrameRejected as exc:
+            self.book.failed(address, self._clock())
+            self.counters.dropped[exc.reason] += 1
+            log.debug("heartbeat reply from %s dropped: %s", address, exc)
+            return
         self.book.succeeded(address, peer_id)
-        self.heard(reply.body)
+        self.heard(hb)
 
     async def _loop(self) -> None:
         period = self.config.timing.heartbeat_s
@@ -256,8 +266,9 @@ class Heartbeats:
     def reports(self) -> dict[str, dict[str, Any]]:
         """Live peers' latest heartbeat reports by node id, this node's own included."""
         now = self._clock()
-        out = {p: dict(rec.report) for p in self.table.live(now) if (rec := self.table.get(p)) is not None}
-        out[self.creds.node_id] = self.build()["report"]
+        live = (rec for p in self.table.live(now) if (rec := self.table.get(p)) is not None)
+        out = {rec.node_id: rec.report.to_dict() for rec in live}
+        out[self.creds.node_id] = self.build().report.to_dict()
         return out
 
     def peers_status(self) -> list[dict[str, Any]]:
@@ -269,7 +280,7 @@ class Heartbeats:
             "name": self.creds.node_name,
             "address": self.transport.address,
             "alive": True,
-            "report": self.build()["report"],
+            "report": self.build().report.to_dict(),
         }
         others = [
             {
@@ -277,7 +288,7 @@ class Heartbeats:
                 "name": r.name,
                 "address": r.address,
                 "alive": self.table.is_alive(r.node_id, now),
-                "report": dict(r.report),
+                "report": r.report.to_dict(),
             }
             for r in sorted(self.table.records(), key=lambda r: r.name)
         ]

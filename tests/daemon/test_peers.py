@@ -16,6 +16,7 @@ import pytest
 from frenzyd.errors import PeerError
 from frenzyd.net import auth, tls, wire
 from frenzyd.net.election import ElectionState, Role
+from frenzyd.net.messages import Heartbeat
 from frenzyd.net.network import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
 from frenzyd.net.peer_table import AddressBook, PeerTable
 from frenzyd.net.ratelog import RateLimitedLog
@@ -78,7 +79,7 @@ async def test_three_nodes_mesh_elect_one_coordinator_and_fail_over(make_net: An
     rec = n1.table.get(n2.creds.node_id)
     assert rec is not None
     assert rec.name == "n2"
-    assert rec.report["python"]
+    assert rec.report.python
     # The coordinator dies: n3 (priority 1) takes over under a higher term.
     await n2.stop()
     assert await n1.wait_until(_agree([n1, n3]), 10.0)
@@ -184,6 +185,11 @@ async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
     # A heartbeat claiming to be another node than its certificate is refused.
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", dict(hb, node_id="f" * 32)))
     assert (status, reply.body["reason"]) == (403, "identity_mismatch")
+    # A heartbeat whose report has the wrong shape is dropped at the edge, counted by reason.
+    status, reply = await _raw_post(n1, me, wire.encode("heartbeat", dict(hb, report={"gpus": "GPU-0"})))
+    assert (status, reply.body["reason"]) == (400, "schema")
+    assert n1.dropped["schema"] == 2
+    assert n1.table.get(me.node_id) is None
     # ...and a proper one still works.
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", hb))
     assert (status, reply.kind, reply.body["node_id"]) == (200, "heartbeat", n1.creds.node_id)
@@ -255,7 +261,7 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     assert await n2.wait_until(lambda: n2.table.get(n1.creds.node_id) is not None, 5.0)
     rec = n2.table.get(n1.creds.node_id)
     assert rec is not None
-    assert rec.report["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert rec.report.gpus == ({"uuid": "SIM-n1-0", "type": "A10"},)
     assert n2.reports()[n1.creds.node_id]["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
     assert set(n2.reports()) == {n1.creds.node_id, n2.creds.node_id}
     status = n2.peers_status()
@@ -275,7 +281,7 @@ async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(m
 
 def test_peer_table_liveness_and_revival() -> None:
     t = PeerTable(timeout_s=2.0)
-    hb = {"node_id": "p", "name": "p", "address": "h:1", "priority": 0, "term": 1, "coordinator": "p"}
+    hb = Heartbeat(node_id="p", name="p", address="h:1", priority=0, term=1, coordinator="p")
     rec, revived = t.heard(hb, 10.0)
     assert revived
     assert rec.first_seen == 10.0
