@@ -74,7 +74,9 @@ def register(sub: Any) -> None:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="whose kernels/autocast the analytic method models",
+        help="whose kernels/autocast the analytic method models (compare a prediction only with a run "
+        "on the same device: e.g. fp32 with grouped K/V heads takes SDPA's math kernel on CUDA, "
+        "the flash kernel on the CPU); the trace method always runs the CPU path",
     )
     p.add_argument(
         "--gpus",
@@ -146,7 +148,7 @@ def _setup(args: argparse.Namespace) -> TrainingSetup:
 
 def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Prediction:
     if args.method == "analytic":
-        return analytic_predict(model, setup, device=args.device)
+        return analytic_predict(model, setup, device=args.device, per_rank=True)
     try:
         from frenzyd.marp.trace import predict_trace
     except ImportError as exc:
@@ -157,13 +159,22 @@ def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Pred
     return result
 
 
-def to_json(pred: Prediction, plans: list[Plan] | None) -> dict[str, Any]:
-    """The DESIGN.md §6 object (``plans`` only when a GPU list was given)."""
+def to_json(pred: Prediction, plans: list[Plan] | None, *, device: str = "cuda") -> dict[str, Any]:
+    """The DESIGN.md §6 object (``plans`` only when a GPU list was given).
+
+    Beyond §6: ``device`` (whose kernels were modelled), ``method`` and
+    ``per_rank_peak_bytes``, one peak per rank of the plan (rank = (stage x dp
+    + d) x tp + t), so that a prediction can be compared rank by rank with a run
+    on the same device.
+    """
     bd = pred.breakdown
     out: dict[str, Any] = {
         "model": pred.model,
         "params": pred.params,
+        "device": device,
+        "method": pred.method,
         "peak_bytes": pred.peak_bytes,
+        "per_rank_peak_bytes": list(pred.rank_peaks) if pred.rank_peaks else [pred.peak_bytes],
         "peak_phase": pred.peak_phase,
         "breakdown": {
             "parameters": bd.parameters,
@@ -197,7 +208,9 @@ def _gib(n: int) -> str:
     return f"{n / GIB:8.2f}"
 
 
-def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, headroom: float) -> str:
+def render(
+    pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, headroom: float, device: str = "cuda"
+) -> str:
     """A readable report: breakdown at the peak, per-phase peaks, plans table."""
     bd = pred.breakdown
     lines = [
@@ -205,7 +218,7 @@ def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, hea
         f"plan dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}  "
         f"micro-batch {setup.micro_batch} x "
         f"grad-accum {setup.grad_accum}  seq {setup.seq_len}  {setup.dtype}  {setup.optimizer}  "
-        f"recompute {setup.recompute}  [{pred.method}]",
+        f"recompute {setup.recompute}  [{pred.method}, {device} kernels]",
         f"peak tensor memory of the worst rank: {pred.peak_bytes / GIB:.2f} GiB at {pred.peak_phase} "
         "(no runtime overhead)",
         "",
@@ -214,6 +227,15 @@ def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, hea
     for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"):
         lines.append(f"  {name:<12} {_gib(getattr(bd, name))}")
     lines.append(f"  {'total':<12} {_gib(bd.total)}")
+    ranks = pred.rank_peaks
+    if len(ranks) > 1:
+        per_stage = len(ranks) // setup.pp
+        lines += ["", "  per-rank peaks   GiB"]
+        for k in range(setup.pp):
+            first, last = k * per_stage, (k + 1) * per_stage - 1
+            who = f"rank {first}" if first == last else f"ranks {first}-{last}"
+            stage = f" (stage {k})" if setup.pp > 1 else ""
+            lines.append(f"  {who + stage:<24} {_gib(ranks[first])}")
     if pred.phases:
         lines += ["", "  phase peaks      GiB"]
         for ph in PHASES:
@@ -246,8 +268,9 @@ def _run(args: argparse.Namespace) -> int:
     pools = parse_gpus(args.gpus) if args.gpus is not None else None
     pred = _predict(args, model, setup)
     plans = require_plans(model, setup, pools, headroom=args.headroom) if pools is not None else None
+    device = args.device if args.method == "analytic" else "cpu"
     if args.json:
-        print(json.dumps(to_json(pred, plans)))
+        print(json.dumps(to_json(pred, plans, device=device)))
     else:
-        print(render(pred, setup, plans, args.headroom))
+        print(render(pred, setup, plans, args.headroom, device))
     return 0

@@ -65,6 +65,7 @@ def predict(
     device: Device = "cuda",
     check: bool = True,
     sdpa_backend: AttnKernel | None = None,
+    per_rank: bool = False,
 ) -> Prediction:
     """Peak tensor bytes of the worst rank of ``setup``'s plan over a steady-state step.
 
@@ -73,19 +74,25 @@ def predict(
     (via :func:`frenzyd.marp.validate.validate`) when the setup is impossible.
     No runtime overhead is included (see ``overhead.py``).  ``sdpa_backend``
     forces the attention kernel (as ``torch.nn.attention.sdpa_kernel`` does);
-    by default the one torch selects on ``device`` is modelled.
+    by default the one torch selects on ``device`` is modelled.  ``per_rank``
+    evaluates every pipeline stage (not only the first and last, the extremes)
+    and fills ``rank_peaks`` with one peak per rank of the plan.
     """
     if check:
         validate(model, setup)
     best: tuple[int, Phase, Breakdown] | None = None
     phases: dict[str, int] = {}
-    for stage in _stages(setup.pp):
+    stage_peaks: list[int] = []
+    for stage in range(setup.pp) if per_rank else _stages(setup.pp):
+        stage_peak = 0
         for phase, bd in _stage_phases(model, setup, constants, device, stage, sdpa_backend=sdpa_backend):
             total = bd.total
+            stage_peak = max(stage_peak, total)
             if total > phases.get(phase, -1):
                 phases[phase] = total
             if best is None or total > best[0]:
                 best = (total, phase, bd)
+        stage_peaks.append(stage_peak)
     assert best is not None
     peak, phase, bd = best
     if constants.safety != 1.0:
@@ -94,6 +101,11 @@ def predict(
         peak += extra
         phases = {k: int(v * constants.safety) for k, v in phases.items()}
         phases[phase] = peak
+        stage_peaks = [int(v * constants.safety) for v in stage_peaks]
+        stage_peaks[stage_peaks.index(max(stage_peaks))] = peak
+    rank_peaks: tuple[int, ...] = ()
+    if per_rank:  # ranks of one stage are symmetric (dp replicas / shards, tp shards)
+        rank_peaks = tuple(v for v in stage_peaks for _ in range(setup.dp * setup.tp))
     return Prediction(
         model=model.name,
         params=M.param_count(model),
@@ -102,6 +114,7 @@ def predict(
         breakdown=bd,
         method="analytic",
         phases=phases,
+        rank_peaks=rank_peaks,
     )
 
 

@@ -70,7 +70,14 @@ class Measurement:
     notes: tuple[str, ...] = field(default=())
 
     def to_prediction(self) -> Prediction:
-        """The same numbers as a ``Prediction`` (method ``trace``)."""
+        """The same numbers as a ``Prediction`` (method ``trace``).
+
+        ``rank_peaks``: every rank's peak where every rank was run, else the
+        measured rank's peak for each rank (data-parallel ranks are symmetric).
+        """
+        ranks = self.rank_peaks
+        if len(ranks) != self.world_size:
+            ranks = (self.peak_bytes,) * self.world_size
         return Prediction(
             model=self.model,
             params=self.params,
@@ -79,6 +86,7 @@ class Measurement:
             breakdown=self.breakdown,
             method="trace",
             phases=dict(self.phases),
+            rank_peaks=tuple(ranks),
         )
 
     def to_json(self) -> dict[str, Any]:
