@@ -271,6 +271,24 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     assert set(n2.reports()) == {n2.creds.node_id}
 
 
+async def test_reports_of_the_wrong_shape_never_travel_or_count(make_net: Any) -> None:
+    # A provider whose report has the wrong shape: the heartbeat goes without it (logged).
+    n1 = await make_net("n1", report_provider=lambda: {"gpus": "GPU-0"})
+    assert n1.reports()[n1.creds.node_id] == {"python": n1.heartbeats.build().report.python}
+    # A peer that answers with a malformed report is dropped at the edge, not heard.
+    n2 = await make_net("n2")
+
+    def bad_answer(body: dict[str, Any]) -> dict[str, Any]:
+        return {**n2.heartbeats.build().to_body(), "report": {"jobs": [1]}}
+
+    n2.dispatch.bind(bad_answer, n2.heartbeats.changed)
+    n1.add_address(n2.address, source="static")
+    await n1.heartbeat_once()
+    assert n1.dropped["schema"] == 1
+    assert n1.live_peers() == []
+    assert n1.book.addresses()[n2.address] is None  # not counted as an answer: backed off
+
+
 async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(make_net: Any) -> None:
     n1 = await make_net("n1")
     n1.add_address("10.9.9.9:7470", {"id": "a" * 32, "pool": "b" * 64})
