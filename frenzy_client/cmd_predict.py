@@ -9,8 +9,9 @@ from typing import Any
 from frenzyd.errors import ConfigError, FrenzyError
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.marp.analytic import predict as analytic_predict
+from frenzyd.marp.calibration import MIN_RUNS, Calibration, OverheadCorrection, load_calibration
 from frenzyd.marp.model import fmt_params, load_model
-from frenzyd.marp.plans import DEFAULT_HEADROOM, require_plans
+from frenzyd.marp.plans import CALIBRATED_TORCH, DEFAULT_HEADROOM, require_plans
 from frenzyd.marp.spec import (
     DTYPE_MODES,
     OPTIMIZERS,
@@ -90,6 +91,19 @@ def register(sub: Any) -> None:
         default=DEFAULT_HEADROOM,
         help="a plan fits when bytes_per_gpu x (1 + headroom) <= GPU memory",
     )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="a MARP calibration file (frenzyd.marp.calibration): raises a GPU type's runtime overhead "
+        f"where at least {MIN_RUNS} GPU runs of this model family and torch version were measured",
+    )
+    p.add_argument(
+        "--torch-version",
+        default=None,
+        help="torch version whose calibration applies (default: the installed torch, else "
+        f"{CALIBRATED_TORCH})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_run)
 
@@ -157,6 +171,64 @@ def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Pred
         ) from exc
     result: Prediction = predict_trace(model, setup)
     return result
+
+
+def _torch_version(args: argparse.Namespace) -> str:
+    if args.torch_version:
+        return str(args.torch_version)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return CALIBRATED_TORCH
+
+
+def corrections(
+    cal: Calibration, model: Any, torch_version: str, pools: list[GpuPool] | None
+) -> list[OverheadCorrection]:
+    """The calibration's verdict per GPU type: those of ``--gpus``, else every type the file knows."""
+    if pools is not None:
+        types = [p.gpu_type for p in pools]
+    else:
+        types = sorted({k.gpu_type for k in cal.calibrated_keys() if k.family == model.family})
+    return [cal.correction(t, model.family, torch_version) for t in types]
+
+
+def calibration_json(path: str, corr: list[OverheadCorrection], family: str, torch: str) -> dict[str, Any]:
+    return {
+        "file": path,
+        "family": family,
+        "torch": torch,
+        "corrections": [
+            {
+                "gpu_type": c.key.gpu_type,
+                "applies": c.applies,
+                "runs": c.runs,
+                "cpu_runs_ignored": c.cpu_runs_ignored,
+                "extra_overhead_fraction": c.extra_overhead_fraction,
+            }
+            for c in corr
+        ],
+    }
+
+
+def calibration_lines(path: str, corr: list[OverheadCorrection], family: str, torch: str) -> list[str]:
+    lines = ["", f"calibration {path} ({family}, torch {torch}):"]
+    if not corr:
+        lines.append("  no entries for this model family and torch version: no correction applies")
+    for c in corr:
+        ignored = f"; {c.cpu_runs_ignored} CPU runs ignored" if c.cpu_runs_ignored else ""
+        if c.applies:
+            lines.append(
+                f"  {c.key.gpu_type:<12} correction applies, from {c.runs} runs: runtime overhead raised by "
+                f"{100 * c.extra_overhead_fraction:.1f} % of the tensor peak{ignored}"
+            )
+        else:
+            lines.append(
+                f"  {c.key.gpu_type:<12} no correction: {c.runs} GPU runs, {MIN_RUNS} needed{ignored}"
+            )
+    return lines
 
 
 def to_json(pred: Prediction, plans: list[Plan] | None, *, device: str = "cuda") -> dict[str, Any]:
@@ -266,11 +338,26 @@ def _run(args: argparse.Namespace) -> int:
     setup = _setup(args)
     validate(model, setup)
     pools = parse_gpus(args.gpus) if args.gpus is not None else None
+    cal = load_calibration(args.calibration) if args.calibration is not None else None
+    torch_version = _torch_version(args)
     pred = _predict(args, model, setup)
-    plans = require_plans(model, setup, pools, headroom=args.headroom) if pools is not None else None
+    plans = (
+        require_plans(
+            model, setup, pools, headroom=args.headroom, calibration=cal, torch_version=torch_version
+        )
+        if pools is not None
+        else None
+    )
     device = args.device if args.method == "analytic" else "cpu"
+    corr = corrections(cal, model, torch_version, pools) if cal is not None else None
     if args.json:
-        print(json.dumps(to_json(pred, plans, device=device)))
+        obj = to_json(pred, plans, device=device)
+        if corr is not None:
+            obj["calibration"] = calibration_json(args.calibration, corr, model.family, torch_version)
+        print(json.dumps(obj))
     else:
-        print(render(pred, setup, plans, args.headroom, device))
+        text = render(pred, setup, plans, args.headroom, device)
+        if corr is not None:
+            text += "\n" + "\n".join(calibration_lines(args.calibration, corr, model.family, torch_version))
+        print(text)
     return 0
