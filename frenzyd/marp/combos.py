@@ -104,11 +104,6 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
             if n % setup.tp:
                 return f"tp={setup.tp} does not divide the {n} {what} of {model.name}: choose a tp that does"
     if setup.pp > 1:
-        if model.family != "llama":
-            return (
-                f"pipeline parallelism runs on the LLaMA family only: {model.name} is {model.family}; "
-                "use dp/ZeRO"
-            )
         if model.sliding_window is not None and setup.seq_len > model.sliding_window:
             return (
                 f"seq_len {setup.seq_len} exceeds the sliding window {model.sliding_window}: the pipeline's "
@@ -118,11 +113,6 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
             return (
                 f"pp={setup.pp} does not split the {model.layers} layers of {model.name} evenly: "
                 "choose a pp that divides the layer count"
-            )
-        if model.tied_embeddings:
-            return (
-                f"{model.name} ties its input and output embeddings, which would live on the first and the "
-                "last pipeline stage: the trainer's pipeline runs untied models only; use dp/ZeRO"
             )
         if setup.grad_accum < setup.pp:
             return (

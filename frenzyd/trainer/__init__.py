@@ -23,9 +23,9 @@ __all__ = ["TrainerPlan", "apply_plan", "checkpoint_complete", "plan_from", "rep
 
 
 def train(plan: TrainerPlan, env: Any = None, **kwargs: Any) -> Any:
-    """Run ``plan`` in the current process group; see ``frenzyd.trainer.train.train``."""
-    from frenzyd.trainer.train import RunEnv
-    from frenzyd.trainer.train import train as _train
+    """Run ``plan`` in the current process group; see ``frenzyd.trainer.loop.train``."""
+    from frenzyd.trainer.loop import RunEnv
+    from frenzyd.trainer.loop import train as _train
 
     return _train(plan, env or RunEnv.from_environ(os.environ), **kwargs)
 
@@ -44,7 +44,7 @@ def apply_plan(model: Any, plan: TrainerPlan | dict[str, Any] | None = None) -> 
 
     from frenzyd.errors import ConfigError, PlanError
     from frenzyd.trainer.parallel import build_mesh, parallelize
-    from frenzyd.trainer.train import device_for, init_process_group
+    from frenzyd.trainer.loop import device_for, init_process_group
 
     if plan is None:
         text = os.environ.get("FRENZY_PLAN")

@@ -25,7 +25,7 @@ def _check_world(world: int, needed: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from frenzyd.trainer.plan import plan_from
-    from frenzyd.trainer.train import RunEnv, StopFlag, print_error
+    from frenzyd.trainer.loop import RunEnv, StopFlag, print_error
 
     try:
         plan, args = plan_from(sys.argv[1:] if argv is None else argv, os.environ)
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
-    from frenzyd.trainer.train import init_process_group, train
+    from frenzyd.trainer.loop import init_process_group, train
 
     try:
         init_process_group(os.environ)

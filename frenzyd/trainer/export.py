@@ -40,10 +40,11 @@ def gather_full(par: Parallel) -> dict[str, Any] | None:
 def write_hf_dir(spec: ModelSpec, full: dict[str, Any], out_dir: str | Path, *, dtype_mode: str) -> Path:
     """Write ``full`` (every parameter by FQN) as ``out_dir/config.json`` + ``model.safetensors``."""
     import torch
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging_module
 
     from frenzyd.trainer.model import build_model
 
+    hf_logging: Any = hf_logging_module
     hf_logging.disable_progress_bar()
 
     model = build_model(spec, dtype_mode=dtype_mode, recompute="none", seed=0)

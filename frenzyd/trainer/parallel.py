@@ -62,6 +62,9 @@ class Parallel:
     schedule: Any = None
     localized: dict[str, tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
     """dp x tp: FQN -> (mesh, placements) of a TP parameter DDP holds as its local shard."""
+    tied_name: str | None = None
+    """pp with tied embeddings: the input embedding's FQN (the last stage's head is keyed by it too)."""
+    tied_group: Any = None
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -130,36 +133,61 @@ def _stage_class() -> Any:
     import torch
     from torch import nn
 
-    class LlamaStage(nn.Module):
-        """Layers ``[lo, hi)`` of a LLaMA-family model, keeping the HF FQNs (``model.layers.3...``)."""
+    class Stage(nn.Module):
+        """Layers ``[lo, hi)`` of a LLaMA-family or GPT-2 model, keeping the HF FQNs (``model.layers.3...``).
+
+        The first stage holds the embeddings, the last the final norm and the head; the loss is the
+        schedule's (``causal_lm_loss``).  Attention gets no mask: SDPA's causal kernel, as in the full
+        model's forward without padding.
+        """
 
         def __init__(self, full: Any, lo: int, hi: int, *, first: bool, last: bool, autocast: bool) -> None:
             super().__init__()
-            base = full.model
-            self.model = nn.Module()
             self.first, self.last, self.autocast = first, last, autocast
-            if first:
-                self.model.embed_tokens = base.embed_tokens
-            self.model.layers = nn.ModuleDict({str(i): base.layers[i] for i in range(lo, hi)})
-            self.model.rotary_emb = base.rotary_emb
+            self.gpt2 = hasattr(full, "transformer")
+            src = full.transformer if self.gpt2 else full.model
+            base = nn.Module()
+            if self.gpt2:
+                self.transformer = base
+                if first:
+                    base.wte, base.wpe, base.drop = src.wte, src.wpe, src.drop
+                base.h = nn.ModuleDict({str(i): src.h[i] for i in range(lo, hi)})
+                if last:
+                    base.ln_f = src.ln_f
+            else:
+                self.model = base
+                if first:
+                    base.embed_tokens = src.embed_tokens
+                base.layers = nn.ModuleDict({str(i): src.layers[i] for i in range(lo, hi)})
+                base.rotary_emb = src.rotary_emb
+                if last:
+                    base.norm = src.norm
             if last:
-                self.model.norm = base.norm
                 self.lm_head = full.lm_head
 
+        def layers(self) -> Any:
+            m: Any = self.transformer.h if self.gpt2 else self.model.layers
+            return m.values()
+
         def forward(self, x: Any) -> Any:
-            m: Any = self.model
             head: Any = getattr(self, "lm_head", None)
             with torch.autocast(x.device.type, torch.bfloat16, enabled=self.autocast):
+                if self.gpt2:
+                    t: Any = self.transformer
+                    pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+                    h = t.drop(t.wte(x) + t.wpe(pos)) if self.first else x
+                    for layer in self.layers():
+                        h = layer(h, attention_mask=None, position_ids=pos)
+                    return head(t.ln_f(h)) if self.last else h
+                m: Any = self.model
                 h = m.embed_tokens(x) if self.first else x
                 pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
                 pe = m.rotary_emb(h, position_ids=pos)
-                for layer in m.layers.values():
+                for layer in self.layers():
                     h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-                if self.last:
-                    return head(m.norm(h))
-                return h
+                return head(m.norm(h)) if self.last else h
 
-    return LlamaStage
+    return Stage
 
 
 def _cut_stage(model: Any, plan: TrainerPlan, pp_rank: int) -> Any:
@@ -168,6 +196,46 @@ def _cut_stage(model: Any, plan: TrainerPlan, pp_rank: int) -> Any:
     lo, hi = pp_rank * per, (pp_rank + 1) * per
     return _stage_class()(model, lo, hi, first=pp_rank == 0, last=pp_rank == plan.pp - 1,
                           autocast=plan.dtype == "bf16-mixed")
+
+
+def tied_embedding_name(model: Any) -> str | None:
+    """The FQN of the input embedding when the output head shares it (GPT-2), else None."""
+    head = model.get_output_embeddings()
+    emb = model.get_input_embeddings()
+    if head is None or emb is None or head.weight is not emb.weight:
+        return None
+    name: str = next(n for n, p in model.named_parameters() if p is emb.weight)
+    return name
+
+
+def _tied_group(mesh: Any, plan: TrainerPlan) -> Any:
+    """This rank's {first stage, last stage} group for its (dp, tp) coordinate (None on middle stages).
+
+    Every rank creates every pair, in the same order, as ``new_group`` requires.
+    """
+    import torch.distributed as dist
+
+    mine = None
+    _, dp_i, tp_i = (int(c) for c in mesh.get_coordinate())
+    pp_i = int(mesh.get_coordinate()[0])
+    for d in range(plan.dp):
+        for t in range(plan.tp):
+            ranks = [int(mesh.mesh[0, d, t]), int(mesh.mesh[plan.pp - 1, d, t])]
+            group = dist.new_group(ranks)
+            if (d, t) == (dp_i, tp_i) and pp_i in (0, plan.pp - 1):
+                mine = group
+    return mine
+
+
+def sync_tied_grads(par: Parallel) -> None:
+    """Sum the tied embedding's gradient of the first and the last stage (each holds a copy)."""
+    import torch.distributed as dist
+
+    if par.tied_group is None or par.tied_name is None:
+        return
+    grad = par.params[par.tied_name].grad
+    if grad is not None:
+        dist.all_reduce(getattr(grad, "_local_tensor", grad), group=par.tied_group)
 
 
 # --------------------------------------------------------------------------- the optimizer
@@ -236,6 +304,7 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
     from torch.distributed.tensor import DTensor
 
     pp_rank = int(mesh.get_coordinate()[0])
+    tied = tied_embedding_name(model) if plan.pp > 1 else None
     inner = _cut_stage(model, plan, pp_rank) if plan.pp > 1 else model
     del model
     inner.to(device)
@@ -248,7 +317,7 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
         from torch.distributed.fsdp import fully_shard
 
         reshard = plan.zero == 3
-        for layer in decoder_layers(inner) if plan.pp == 1 else inner.model.layers.values():
+        for layer in decoder_layers(inner) if plan.pp == 1 else inner.layers():
             fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(inner, mesh=dp_mesh, reshard_after_forward=reshard)
     elif plan.dp > 1 or plan.zero == 1:
@@ -265,8 +334,11 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
                                          gradient_as_bucket_view=True)
         if plan.pp > 1:
             module.reducer = _NoRebuildReducer(module.reducer)  # type: ignore[assignment]
-    par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner,
-                   params=dict(inner.named_parameters()), localized=localized)
+    params = dict(inner.named_parameters())
+    if tied is not None and "lm_head.weight" in params and tied not in params:
+        params[tied] = params.pop("lm_head.weight")  # the last stage's copy of the tied embedding
+    par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner, params=params, localized=localized,
+                   tied_name=tied, tied_group=_tied_group(mesh, plan) if tied is not None else None)
     if optimizer:
         par.optimizer = make_optimizer(par, plan, device.type)
     if plan.pp > 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -50,33 +51,20 @@ def run_group(world: int, tasks: list[dict[str, Any]], workdir: Path, *,
     results = workdir / f"results-ws{world}.json"
     scenario = workdir / f"scenario-ws{world}.json"
     scenario.write_text(json.dumps({"tasks": tasks, "results": str(results)}))
-    port = free_port()
-    procs = []
-    logs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
-        log = (workdir / f"ws{world}-rank{rank}.log").open("w")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(scenario)], env=env, cwd=ROOT,
-                                      stdout=log, stderr=subprocess.STDOUT))
-    failed = []
-    try:
-        for rank, p in enumerate(procs):
-            if p.wait(timeout=timeout) != 0:
-                failed.append(rank)
-    except subprocess.TimeoutExpired:
-        failed.append(-1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error",
+           "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(WORKER), str(scenario), str(world), str(free_port()), str(workdir)]
+    with subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            failed, detail = proc.returncode != 0, out[-2000:]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it forked
+            proc.communicate()
+            failed, detail = True, f"timed out after {timeout} s"
     if failed:
         tails = "\n".join(f"--- rank {r}\n" + (workdir / f"ws{world}-rank{r}.log").read_text()[-3000:]
-                          for r in range(world))
-        pytest.fail(f"process group of {world} failed (ranks {failed}):\n{tails}")
+                          for r in range(world) if (workdir / f"ws{world}-rank{r}.log").exists())
+        pytest.fail(f"process group of {world} failed: {detail}\n{tails}")
     return dict(json.loads(results.read_text()))

@@ -34,13 +34,14 @@ SHAPES: dict[int, list[tuple[str, dict[str, int]]]] = {
     2: [("llama", {"dp": 2}), ("llama", {"dp": 2, "zero": 1}), ("llama", {"dp": 2, "zero": 2}),
         ("llama", {"dp": 2, "zero": 3}), ("llama", {"tp": 2}), ("llama", {"pp": 2}),
         ("llama", {"tp": 2, "zero": 2}), ("llama", {"tp": 2, "zero": 3}), ("llama", {"pp": 2, "zero": 2}),
-        ("gpt2", {"dp": 2}), ("gpt2", {"dp": 2, "zero": 1}), ("gpt2", {"dp": 2, "zero": 3})],
+        ("gpt2", {"dp": 2}), ("gpt2", {"dp": 2, "zero": 1}), ("gpt2", {"dp": 2, "zero": 3}),
+        ("gpt2", {"pp": 2})],
     3: [("llama", {"dp": 3}), ("llama", {"dp": 3, "zero": 1}), ("llama", {"dp": 3, "zero": 2}),
         ("llama", {"dp": 3, "zero": 3})],
     4: [("llama", {"dp": 4, "zero": 3}), ("llama", {"dp": 2, "tp": 2}),
         ("llama", {"dp": 2, "tp": 2, "zero": 2}),
         ("llama", {"dp": 2, "tp": 2, "zero": 3}), ("llama", {"dp": 2, "pp": 2}),
-        ("llama", {"dp": 2, "pp": 2, "zero": 3})],
+        ("llama", {"dp": 2, "pp": 2, "zero": 3}), ("gpt2", {"dp": 2, "pp": 2, "zero": 3})],
 }
 
 
@@ -155,7 +156,8 @@ def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any], stop: 
     assert _close(resumed["losses"], ref["losses"], TOL) <= TOL
 
 
-@pytest.mark.parametrize("name", ["llama-dp2-tp2-zero3", "llama-dp2-pp2-zero3", "gpt2-dp2-zero3"])
+@pytest.mark.parametrize("name", ["llama-dp2-tp2-zero3", "llama-dp2-pp2-zero3", "gpt2-dp2-zero3",
+                                  "gpt2-dp2-pp2-zero3"])
 def test_returned_model_reproduces_final_eval_loss(runs: dict[str, Any], name: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM

@@ -1,7 +1,10 @@
-"""One rank of a test process group: runs a list of trainer tasks in order, as torchrun would launch it.
+"""A test process group: ranks that run a list of trainer tasks in order, as torchrun would launch them.
 
-``python tests/trainer/worker.py SCENARIO.json`` with RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT set.  Each task is a plan (dict), an output and a
+``python tests/trainer/worker.py SCENARIO.json WORLD PORT LOGDIR`` imports torch
+and transformers' model code once, then forks WORLD rank processes (no torch op
+has run, no thread pool exists yet), each with torchrun's RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT and its own log file: the import cost (about 10 s
+of CPU per process) is paid once per group.  Each task is a plan (dict), an output and a
 checkpoint directory, and optionally ``stop_at``: after that step the last
 rank sends itself SIGTERM (the trainer's own handler), so the group stops and
 checkpoints exactly as under a real preemption.  Rank 0 appends each task's
@@ -10,6 +13,7 @@ summary to the results file as it finishes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -22,8 +26,8 @@ def main(path: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from frenzyd.trainer.loop import RunEnv, StopFlag, train
     from frenzyd.trainer.plan import resolve
-    from frenzyd.trainer.train import RunEnv, StopFlag, train
 
     torch.set_num_threads(1)
     scenario = json.loads(Path(path).read_text())
@@ -51,5 +55,50 @@ def main(path: str) -> int:
     return 0
 
 
+def _preload() -> None:
+    import transformers.models.gpt2.modeling_gpt2
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    from frenzyd.marp.model import load_model
+    from frenzyd.trainer.model import hf_config
+
+    hf_config(load_model("tiny-llama"))
+    hf_config(load_model("tiny-gpt2"))
+
+
+def launch(scenario: str, world: int, port: int, logdir: Path) -> int:
+    _preload()
+    pids = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            fd = os.open(logdir / f"ws{world}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            code = 1
+            try:
+                code = main(scenario)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    failed = 0
+    for _ in range(world):
+        pid, status = os.wait()
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed += 1
+            for other in pids:  # one rank failed: the others would wait for it until the gloo timeout
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other, signal.SIGKILL)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(launch(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])))
