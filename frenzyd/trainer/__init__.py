@@ -43,8 +43,8 @@ def apply_plan(model: Any, plan: TrainerPlan | dict[str, Any] | None = None) -> 
     import json
 
     from frenzyd.errors import ConfigError, PlanError
-    from frenzyd.trainer.parallel import build_mesh, parallelize
     from frenzyd.trainer.loop import device_for, init_process_group
+    from frenzyd.trainer.parallel import build_mesh, parallelize
 
     if plan is None:
         text = os.environ.get("FRENZY_PLAN")

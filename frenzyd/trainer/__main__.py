@@ -24,8 +24,8 @@ def _check_world(world: int, needed: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from frenzyd.trainer.plan import plan_from
     from frenzyd.trainer.loop import RunEnv, StopFlag, print_error
+    from frenzyd.trainer.plan import plan_from
 
     try:
         plan, args = plan_from(sys.argv[1:] if argv is None else argv, os.environ)
