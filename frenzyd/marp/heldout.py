@@ -212,6 +212,10 @@ def _setup(rng: random.Random, r: dict[str, Any], forced: bool) -> TrainingSetup
     if rng.random() < r["dp_share"]:
         dp = rng.choice(r["dp"])
         zero = rng.choice(r["zero"])
+    if optimizer == "sgd" and zero >= 2:
+        # torch 2.13: fused SGD has no DTensor sharding strategy (aten._fused_sgd_), so FSDP2 cannot
+        # run the reference step with it; such a draw takes AdamW (no extra randomness consumed)
+        optimizer = "adamw"
     return TrainingSetup(
         seq_len=seq,
         micro_batch=mb,

@@ -36,6 +36,7 @@ def test_draws_respect_limits_ranges_and_the_quota(seed: int) -> None:
         lo, hi = RANGES["vocab"]
         assert lo <= spec.vocab <= hi
         assert spec.head_dim in RANGES["head_dim"] + RANGES["gpt2_head_dim"]
+        assert not (s.optimizer == "sgd" and s.zero >= 2)  # fused SGD cannot run under FSDP2 (torch 2.13)
 
 
 def test_same_seed_same_grid_other_seed_other_grid() -> None:
