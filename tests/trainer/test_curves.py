@@ -68,6 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                              task("llama-ref-bf16", plan("llama", dtype="bf16-mixed"))], root))
     ws2 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[2]]
     ws2.append(task("llama-bf16-dp2", plan("llama", dp=2, dtype="bf16-mixed")))
+    ws2.append(task("own-loop-zero3", plan("llama", dp=2, zero=3), own_loop=True))
     ws2.append(task("stop-zero3", plan("llama", dp=2, zero=3, checkpoint_every=5),
                     checkpoint_dir=str(ckpt), stop_at=STOP_AT))
     ws2.append(task("stop-pp2", plan("llama", pp=2), checkpoint_dir=str(root / "ckpt-pp"), stop_at=STOP_AT))
@@ -118,6 +119,11 @@ def test_plan_matches_single_process_curve(runs: dict[str, Any], world: int, mod
     assert abs(got["final_eval_loss"] - ref["final_eval_loss"]) <= TOL * ref["final_eval_loss"]
     assert len(got["memory"]) == world
     assert all(m["peak_tensor_bytes"] > m["baseline_bytes"] > 0 for m in got["memory"])
+
+
+def test_apply_plan_in_a_users_own_loop(runs: dict[str, Any]) -> None:
+    """frenzyd.trainer.apply_plan shards by FRENZY_PLAN (ZeRO-3, 2 ranks); the user's loop keeps the curve."""
+    assert _close(runs["own-loop-zero3"]["losses"], runs["llama-ref"]["losses"], TOL) <= TOL
 
 
 def test_bf16_mixed_tolerance(runs: dict[str, Any]) -> None:

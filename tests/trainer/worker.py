@@ -35,6 +35,12 @@ def main(path: str) -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     results: dict[str, object] = {}
     for task in scenario["tasks"]:
+        if task.get("own_loop"):
+            losses = own_loop(task["plan"])
+            if rank == 0:
+                results[task["name"]] = {"losses": losses}
+                Path(scenario["results"]).write_text(json.dumps(results))
+            continue
         plan = resolve(task["plan"])
         stop = StopFlag()
         signal.signal(signal.SIGTERM, stop.set)
@@ -53,6 +59,39 @@ def main(path: str) -> int:
             Path(scenario["results"]).write_text(json.dumps(results))
     dist.destroy_process_group()
     return 0
+
+
+def own_loop(raw: dict[str, object]) -> list[float]:
+    """A user's script: its own loop over a model sharded by ``frenzyd.trainer.apply_plan`` (FRENZY_PLAN)."""
+    import torch
+    import torch.distributed as dist
+
+    import frenzyd.trainer as ft
+    from frenzyd.trainer.data import TokenData
+    from frenzyd.trainer.loop import lr_at
+    from frenzyd.trainer.model import build_model
+    from frenzyd.trainer.plan import resolve
+
+    plan = resolve(raw)
+    os.environ["FRENZY_PLAN"] = json.dumps({k: v for k, v in raw.items() if k not in ("data", "steps")})
+    model = ft.apply_plan(build_model(plan.spec(), dtype_mode="fp32", recompute="none", seed=plan.seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, fused=True)
+    data = TokenData(plan.data, vocab=plan.spec().vocab, seq_len=plan.seq_len, global_batch=plan.global_batch,
+                     seed=plan.seed)
+    dp_rank, losses = dist.get_rank(), []
+    for step in range(plan.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(plan, step)
+        ids = torch.from_numpy(data.local_batch(step, dp_rank, plan.dp))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(float(mean) / plan.dp)
+        ft.report(step + 1, losses[-1])
+    return losses
 
 
 def _preload() -> None:
