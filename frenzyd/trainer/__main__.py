@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         init_process_group(os.environ)
-        summary = train(plan, env, stop=stop)
+        summary = train(plan, env, stop=stop, data_checked=True)
     except FrenzyError as exc:
         print_error(str(exc))
         return EXIT_REFUSED if isinstance(exc, ConfigError) else EXIT_FAILED

@@ -34,7 +34,9 @@ def token_dtype(vocab: int) -> type[np.unsignedinteger]:
 class TokenData:
     """A read-only, memory-mapped token stream checked against the model's vocabulary."""
 
-    def __init__(self, path: str | Path, *, vocab: int, seq_len: int, global_batch: int, seed: int) -> None:
+    def __init__(self, path: str | Path, *, vocab: int, seq_len: int, global_batch: int, seed: int,
+                 check: bool = True) -> None:
+        """Open ``path``; ``check=False`` skips the full read (UTF-8, ids < vocab) a caller already did."""
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError(f"training data {str(self.path)!r} does not exist or is not a file")
@@ -51,7 +53,8 @@ class TokenData:
             )
         self.tokens: np.ndarray = np.memmap(self.path, dtype=dtype, mode="r")
         self.vocab, self.seq_len, self.global_batch, self.seed = vocab, seq_len, global_batch, seed
-        self._check_tokens()
+        if check:
+            self._check_tokens()
         self.sequences = len(self.tokens) // seq_len
         if self.sequences < global_batch:
             raise DataError(

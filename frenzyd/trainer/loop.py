@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from frenzyd.errors import ConfigError
 from frenzyd.trainer import checkpoint as ckpt
 from frenzyd.trainer import control
 from frenzyd.trainer.data import TokenData
@@ -55,10 +56,14 @@ class RunEnv:
         out = output_dir or environ.get("FRENZY_OUTPUT_DIR") or "frenzy-output"
         ck = checkpoint_dir or environ.get("FRENZY_CHECKPOINT_DIR")
         grace = environ.get("FRENZY_STOP_GRACE_S")
+        try:
+            grace_s = float(grace) if grace else None
+        except ValueError:
+            raise ConfigError(f"FRENZY_STOP_GRACE_S={grace!r} is not a number of seconds") from None
         rank = int(environ.get("RANK", "0"))
         return cls(rank=rank, local_rank=int(environ.get("LOCAL_RANK", str(rank))),
                    world=int(environ.get("WORLD_SIZE", "1")), output_dir=Path(out),
-                   checkpoint_dir=Path(ck) if ck else None, stop_grace_s=float(grace) if grace else None)
+                   checkpoint_dir=Path(ck) if ck else None, stop_grace_s=grace_s)
 
 
 @dataclass
@@ -206,8 +211,11 @@ def _state_tensors(par: Parallel) -> list[Any]:
 
 
 def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> Summary:
-    """Run ``plan`` to ``plan.steps`` (or to a requested stop) in the current process group."""
+          on_step: Callable[[int, float], None] | None = None, data_checked: bool = False) -> Summary:
+    """Run ``plan`` to ``plan.steps`` (or to a requested stop) in the current process group.
+
+    ``data_checked``: the caller already validated the data file (skip the full read on every rank).
+    """
     import torch
     import torch.distributed as dist
 
@@ -216,7 +224,7 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
     device = device_for(env.local_rank)
     spec = plan.spec()
     data = TokenData(plan.data, vocab=spec.vocab, seq_len=plan.seq_len, global_batch=plan.global_batch,
-                     seed=plan.seed)
+                     seed=plan.seed, check=not data_checked)
     mesh = build_mesh(plan, device.type)
     par = parallelize(build_model(spec, dtype_mode=plan.dtype, recompute=plan.recompute, seed=plan.seed),
                       plan, mesh, device)
