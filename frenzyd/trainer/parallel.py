@@ -273,7 +273,14 @@ def make_optimizer(par: Parallel, plan: TrainerPlan, device_type: str) -> Any:
 
         return ZeroRedundancyOptimizer(list(par.params.values()), optimizer_class=cls,
                                        process_group=par.mesh["dp"].get_group(), **kwargs)
-    return cls(param_groups(par.params), **kwargs)
+    groups = param_groups(par.params)
+    if plan.optimizer == "sgd":
+        from torch.distributed.tensor import DTensor
+
+        for g in groups:  # torch 2.13: aten._fused_sgd_ has no DTensor sharding strategy (FSDP2, TP)
+            if isinstance(g["params"][0], DTensor):
+                g["fused"] = False
+    return cls(groups, **kwargs)
 
 
 # --------------------------------------------------------------------------- the whole plan
