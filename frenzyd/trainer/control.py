@@ -6,8 +6,10 @@ Messages (one JSON object per line, ``"type"`` first):
 * ``{"type": "checkpoint_complete", "rank", "step", "path"}`` - this rank's part of a
   checkpoint is on disk (``checkpoint_complete``)
 
-Without ``FRENZY_CONTROL_FD`` every call is a no-op and a warning is logged
-once.  No torch here: user scripts call this from any loop.
+Every line also carries ``job`` and ``attempt`` when ``FRENZY_JOB_ID`` and
+``FRENZY_ATTEMPT`` are set (DESIGN.md §8: reports from an older attempt are
+refused).  Without ``FRENZY_CONTROL_FD`` every call is a no-op and a warning is
+logged once.  No torch here: user scripts call this from any loop.
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ def send(message: dict[str, Any], *, quiet: bool = False) -> bool:
                         "daemon (this is expected outside a Frenzy job)")
             _state["warned"] = True
         return False
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    fence: dict[str, Any] = {}
+    if os.environ.get("FRENZY_JOB_ID"):
+        fence["job"] = os.environ["FRENZY_JOB_ID"]
+    if os.environ.get("FRENZY_ATTEMPT", "").isdigit():
+        fence["attempt"] = int(os.environ["FRENZY_ATTEMPT"])
+    data = (json.dumps({**message, **fence}, separators=(",", ":")) + "\n").encode()
     with _lock:
         view = memoryview(data)
         while view:

@@ -150,7 +150,8 @@ def test_corpus_is_deterministic_utf8() -> None:
 
 def test_report_writes_json_lines_to_the_control_fd(monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv("FRENZY_CONTROL_FD", raising=False)
+    for var in ("FRENZY_CONTROL_FD", "FRENZY_JOB_ID", "FRENZY_ATTEMPT"):
+        monkeypatch.delenv(var, raising=False)
     control.reset_for_tests()
     assert control.report(1, 2.5) is False
     assert "FRENZY_CONTROL_FD is not set" in caplog.text
@@ -161,13 +162,17 @@ def test_report_writes_json_lines_to_the_control_fd(monkeypatch: pytest.MonkeyPa
         control.reset_for_tests()
         assert control.report(4, 1.25, tokens_per_s=10.0)
         assert control.checkpoint_complete(4, "/ck/step-4")
+        monkeypatch.setenv("FRENZY_JOB_ID", "j7")
+        monkeypatch.setenv("FRENZY_ATTEMPT", "2")
+        assert control.report(5, 1.0)
         os.close(w)
         lines = [json.loads(x) for x in os.read(r, 10_000).decode().splitlines()]
     finally:
         os.close(r)
         control.reset_for_tests()
     assert lines == [{"type": "step", "step": 4, "loss": 1.25, "tokens_per_s": 10.0},
-                     {"type": "checkpoint_complete", "rank": 3, "step": 4, "path": "/ck/step-4"}]
+                     {"type": "checkpoint_complete", "rank": 3, "step": 4, "path": "/ck/step-4"},
+                     {"type": "step", "step": 5, "loss": 1.0, "job": "j7", "attempt": 2}]
     with pytest.raises(ValueError, match="finite"):
         control.report(1, float("nan"))
 
