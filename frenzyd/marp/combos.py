@@ -94,11 +94,6 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
             "choose a global batch that is"
         )
     if setup.tp > 1:
-        if model.family != "llama":
-            return (
-                f"tensor parallelism runs on the LLaMA family only: {model.name} is {model.family}, whose "
-                "fused c_attn (q, k, v in one Conv1D) cannot be split column-wise head by head; use dp/ZeRO"
-            )
         for what, n in (("attention heads", model.heads), ("key/value heads", model.kv_heads),
                         ("MLP width", model.ffn)):
             if n % setup.tp:

@@ -24,6 +24,8 @@ def gather_full(par: Parallel) -> dict[str, Any] | None:
     for name, p in par.params.items():
         t = par.checkpoint_view(p, name)
         full = t.full_tensor() if isinstance(t, DTensor) else t
+        if full.dim() == 3:  # GPT-2's c_attn weight as checkpoints see it: [E, 3, E] -> [E, 3E]
+            full = full.reshape(full.shape[0], -1)
         mine[name] = full.detach().cpu()
     contributes = par.dp_rank == 0 and par.tp_rank == 0
     gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None

@@ -28,7 +28,7 @@ from frenzyd.trainer import control
 from frenzyd.trainer.data import TokenData
 from frenzyd.trainer.memory import PeakMemory, live_tensor_bytes
 from frenzyd.trainer.model import build_model
-from frenzyd.trainer.parallel import Parallel, build_mesh, causal_lm_loss, parallelize, sync_tied_grads
+from frenzyd.trainer.parallel import Parallel, build_mesh, causal_lm_loss, parallelize
 from frenzyd.trainer.plan import TrainerPlan
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _micro_step(par: Parallel, batch: Any, device: Any) -> float:
             par.schedule.step(target=ids, losses=losses)
         else:
             par.schedule.step()
-        sync_tied_grads(par)
+        par.sync_grads()
         return float(torch.stack([x.detach() for x in losses]).mean()) if losses else 0.0
     total = torch.zeros((), dtype=torch.float32, device=device)
     mb = plan.micro_batch
@@ -160,6 +160,7 @@ def _micro_step(par: Parallel, batch: Any, device: Any) -> float:
             loss = par.module(input_ids=x, labels=x).loss / plan.grad_accum
         loss.backward()
         total += loss.detach()
+    par.sync_grads()
     return float(total)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from frenzyd.errors import PlanError
 from frenzyd.trainer.plan import TrainerPlan
+from frenzyd.trainer.tp_gpt2 import apply_tp_gpt2, is_qkv_weight, qkv_checkpoint_view, sync_tp_biases
 
 MESH_DIMS = ("pp", "dp", "tp")
 
@@ -65,6 +66,10 @@ class Parallel:
     tied_name: str | None = None
     """pp with tied embeddings: the input embedding's FQN (the last stage's head is keyed by it too)."""
     tied_group: Any = None
+    gpt2: bool = False
+    """GPT-2: checkpoints see ``c_attn.weight`` as ``[E, 3, E]`` on every plan (``tp_gpt2``)."""
+    tp_biases: list[str] = field(default_factory=list)
+    """GPT-2 under tp: FQNs of the column-wise biases whose gradients are summed over tp after a backward."""
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -99,8 +104,16 @@ class Parallel:
             from torch.distributed.tensor import DTensor
 
             mesh, placements = self.localized[name]
-            return DTensor.from_local(t, mesh, placements, run_check=False)
+            t = DTensor.from_local(t, mesh, placements, run_check=False)
+        if self.gpt2 and is_qkv_weight(name):
+            t = qkv_checkpoint_view(t)
         return t
+
+    def sync_grads(self) -> None:
+        """Gradient sums the wrappers do not do: tied embeddings over pp, GPT-2's tp biases over tp."""
+        sync_tied_grads(self)
+        if self.tp_biases:
+            sync_tp_biases([self.params[n] for n in self.tp_biases], self.mesh["tp"].get_group())
 
 
 # --------------------------------------------------------------------------- tensor parallel
@@ -109,14 +122,20 @@ _TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.
 _TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def _apply_tp(model: Any, tp_mesh: Any) -> None:
-    """Megatron-style: q/k/v and gate/up column-wise, o and down row-wise; the rest replicated."""
+def _apply_tp(model: Any, tp_mesh: Any) -> list[str]:
+    """Megatron-style: q/k/v and gate/up column-wise, o and down row-wise; the rest replicated.
+
+    GPT-2's ``Conv1D`` layers go through ``tp_gpt2``; returns the biases it leaves to sum over tp.
+    """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    if hasattr(model, "transformer"):
+        return apply_tp_gpt2(model, tp_mesh)
     plan: dict[str, Any] = {n: ColwiseParallel() for n in _TP_COLWISE}
     plan.update({n: RowwiseParallel() for n in _TP_ROWWISE})
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
+    return []
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -315,8 +334,8 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
     inner = _cut_stage(model, plan, pp_rank) if plan.pp > 1 else model
     del model
     inner.to(device)
-    if plan.tp > 1:
-        _apply_tp(inner, mesh["tp"])
+    gpt2 = hasattr(inner, "transformer")
+    tp_biases = _apply_tp(inner, mesh["tp"]) if plan.tp > 1 else []
     dp_mesh = mesh["dp"]
     localized: dict[str, tuple[Any, tuple[Any, ...]]] = {}
     module = inner
@@ -345,7 +364,8 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
     if tied is not None and "lm_head.weight" in params and tied not in params:
         params[tied] = params.pop("lm_head.weight")  # the last stage's copy of the tied embedding
     par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner, params=params, localized=localized,
-                   tied_name=tied, tied_group=_tied_group(mesh, plan) if tied is not None else None)
+                   tied_name=tied, tied_group=_tied_group(mesh, plan) if tied is not None else None,
+                   gpt2=gpt2, tp_biases=tp_biases)
     if optimizer:
         par.optimizer = make_optimizer(par, plan, device.type)
     if plan.pp > 1:

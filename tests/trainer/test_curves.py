@@ -35,13 +35,14 @@ SHAPES: dict[int, list[tuple[str, dict[str, int]]]] = {
         ("llama", {"dp": 2, "zero": 3}), ("llama", {"tp": 2}), ("llama", {"pp": 2}),
         ("llama", {"tp": 2, "zero": 2}), ("llama", {"tp": 2, "zero": 3}), ("llama", {"pp": 2, "zero": 2}),
         ("gpt2", {"dp": 2}), ("gpt2", {"dp": 2, "zero": 1}), ("gpt2", {"dp": 2, "zero": 3}),
-        ("gpt2", {"pp": 2})],
+        ("gpt2", {"pp": 2}), ("gpt2", {"tp": 2})],
     3: [("llama", {"dp": 3}), ("llama", {"dp": 3, "zero": 1}), ("llama", {"dp": 3, "zero": 2}),
         ("llama", {"dp": 3, "zero": 3})],
     4: [("llama", {"dp": 4, "zero": 3}), ("llama", {"dp": 2, "tp": 2}),
         ("llama", {"dp": 2, "tp": 2, "zero": 2}),
         ("llama", {"dp": 2, "tp": 2, "zero": 3}), ("llama", {"dp": 2, "pp": 2}),
-        ("llama", {"dp": 2, "pp": 2, "zero": 3}), ("gpt2", {"dp": 2, "pp": 2, "zero": 3})],
+        ("llama", {"dp": 2, "pp": 2, "zero": 3}), ("gpt2", {"dp": 2, "pp": 2, "zero": 3}),
+        ("gpt2", {"dp": 2, "tp": 2}), ("gpt2", {"dp": 2, "tp": 2, "zero": 3})],
 }
 
 
@@ -74,6 +75,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ws2.append(task("stop-zero3", plan("llama", dp=2, zero=3, checkpoint_every=5),
                     checkpoint_dir=str(ckpt), stop_at=STOP_AT))
     ws2.append(task("stop-pp2", plan("llama", pp=2), checkpoint_dir=str(root / "ckpt-pp"), stop_at=STOP_AT))
+    ws2.append(task("stop-gpt2-zero3", plan("gpt2", dp=2, zero=3), checkpoint_dir=str(root / "ckpt-gpt2"),
+                    stop_at=STOP_AT))
     out.update(run_group(2, ws2, root))
     ws3 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[3]]
     ws3.append(task("resume-zero1-dp3", plan("llama", dp=3, zero=1), checkpoint_dir=str(root / "ckpt-pp")))
@@ -81,6 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ws4 = [task(_name(m, s), plan(m, **s)) for m, s in SHAPES[4]]
     ws4.append(task("resume-dp2-tp2", plan("llama", dp=2, tp=2, checkpoint_every=5),
                     checkpoint_dir=str(ckpt)))
+    ws4.append(task("resume-gpt2-dp2-tp2", plan("gpt2", dp=2, tp=2), checkpoint_dir=str(root / "ckpt-gpt2")))
     out.update(run_group(4, ws4, root))
     return out
 
@@ -149,10 +153,13 @@ def test_zero3_shards_what_dp_replicates(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("stop", "resume"),
-                         [("stop-zero3", "resume-dp2-tp2"), ("stop-pp2", "resume-zero1-dp3")])
+                         [("stop-zero3", "resume-dp2-tp2"), ("stop-pp2", "resume-zero1-dp3"),
+                          ("stop-gpt2-zero3", "resume-gpt2-dp2-tp2")])
 def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any], stop: str, resume: str) -> None:
-    """ZeRO-3 on 2 ranks -> dp2 x tp2 on 4; pp2 on 2 -> ZeRO-1 on 3 (each continues the same curve)."""
-    stopped, resumed, ref = runs[stop], runs[resume], runs["llama-ref"]
+    """ZeRO-3 on 2 ranks -> dp2 x tp2 on 4; pp2 on 2 -> ZeRO-1 on 3; GPT-2 ZeRO-3 on 2 -> dp2 x tp2 on 4
+    (GPT-2's fused q/k/v reshards through its [E, 3, E] checkpoint view).  Each continues the same curve."""
+    stopped, resumed = runs[stop], runs[resume]
+    ref = runs["gpt2-ref" if "gpt2" in stop else "llama-ref"]
     assert stopped["state"] == "stopped"
     assert stopped["steps_done"] == STOP_AT
     assert stopped["checkpoint"].endswith(f"step-{STOP_AT:08d}")
@@ -172,7 +179,7 @@ def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any], stop: 
 
 
 @pytest.mark.parametrize("name", ["llama-dp2-tp2-zero3", "llama-dp2-pp2-zero3", "gpt2-dp2-zero3",
-                                  "gpt2-dp2-pp2-zero3"])
+                                  "gpt2-dp2-pp2-zero3", "gpt2-dp2-tp2", "gpt2-dp2-tp2-zero3"])
 def test_returned_model_reproduces_final_eval_loss(runs: dict[str, Any], name: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
