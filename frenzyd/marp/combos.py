@@ -7,8 +7,8 @@ Each combination names which mesh axes may be wider than one rank (``dp``,
 * ``zero1`` - DDP + ``ZeroRedundancyOptimizer``
 * ``zero2`` / ``zero3`` - FSDP2 ``fully_shard`` per decoder layer and at the root,
   ``reshard_after_forward`` False / True
-* ``tp``    - ``parallelize_module`` Megatron-style (column-wise q/k/v and gate/up,
-  row-wise o and down)
+* ``tp``    - Megatron-style tensor parallel on DTensors (column-wise q/k/v and gate/up,
+  row-wise o and down; ``parallelize_module`` for LLaMA, ``trainer.tp_gpt2`` for GPT-2)
 * ``pp``    - ``torch.distributed.pipelining`` ``Schedule1F1B``, layers split evenly
 * and their compositions on one DeviceMesh (``dp×tp``, ``zero2×tp``, ``zero3×tp``, ``dp×pp``,
   ``zero2×pp``, ``zero3×pp``).
