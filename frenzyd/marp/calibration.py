@@ -227,7 +227,8 @@ def parse_calibration(text: str, *, source: str = "calibration") -> Calibration:
         raise CalibrationError(f'{source}: not a calibration file: expected {{"format": "{FORMAT}", ...}}')
     version = doc.get("version")
     if version != VERSION:
-        hint = "(written by a newer frenzy: upgrade)" if isinstance(version, int) and version > VERSION else ""
+        newer = isinstance(version, int) and version > VERSION
+        hint = "(written by a newer frenzy: upgrade)" if newer else ""
         raise CalibrationError(
             f"{source}: version {version!r} is not supported (this frenzy reads {VERSION}) {hint}"
         )
