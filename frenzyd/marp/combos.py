@@ -10,8 +10,8 @@ Each combination names which mesh axes may be wider than one rank (``dp``,
 * ``tp``    - Megatron-style tensor parallel on DTensors (column-wise q/k/v and gate/up,
   row-wise o and down; ``parallelize_module`` for LLaMA, ``trainer.tp_gpt2`` for GPT-2)
 * ``pp``    - ``torch.distributed.pipelining`` ``Schedule1F1B``, layers split evenly
-* and their compositions on one DeviceMesh (``dp×tp``, ``zero2×tp``, ``zero3×tp``, ``dp×pp``,
-  ``zero2×pp``, ``zero3×pp``).
+* and their compositions on one DeviceMesh: every ZeRO stage with tp or with pp
+  (``dp×tp``, ``zero1×tp`` ... ``zero3×pp``); tp and pp together are not run.
 
 MARP proposes only plans for which :func:`runs` is true; the trainer refuses
 any other with :func:`refusal`'s message.  Pure: no torch, no I/O.
@@ -52,6 +52,8 @@ COMBOS: tuple[Combo, ...] = (
     Combo("dp×tp", 0, "many", "many", "one", "2-D mesh (dp, tp): tp as above, DDP over the dp axis"),
     Combo("zero2×tp", 2, "any", "many", "one", "2-D mesh (dp, tp): tp, then FSDP2 over dp (no reshard)"),
     Combo("zero3×tp", 3, "any", "many", "one", "2-D mesh (dp, tp): tp, then FSDP2 over dp (reshard)"),
+    Combo("zero1×tp", 1, "any", "many", "one", "2-D mesh (dp, tp): tp, then DDP + ZeroRedundancyOptimizer"),
+    Combo("zero1×pp", 1, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, DDP + ZeRO-1 optimizer"),
     Combo("dp×pp", 0, "many", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each stage in DDP over dp"),
     Combo("zero2×pp", 2, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (no reshard)"),
     Combo("zero3×pp", 3, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (reshard)"),
@@ -84,8 +86,7 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
         names = ", ".join(c.name for c in COMBOS)
         return (
             f"the trainer does not run dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}: "
-            f"it runs {names} (tp and pp do not combine, ZeRO-1 does not combine with tp, "
-            "ZeRO-1 does not combine with pp)"
+            f"it runs {names} (tp and pp do not combine yet)"
         )
     g = setup.effective_global_batch
     if g % (setup.micro_batch * setup.dp) != 0:
