@@ -11,7 +11,7 @@ Each combination names which mesh axes may be wider than one rank (``dp``,
   row-wise o and down; ``parallelize_module`` for LLaMA, ``trainer.tp_gpt2`` for GPT-2)
 * ``pp``    - ``torch.distributed.pipelining`` ``Schedule1F1B``, layers split evenly
 * and their compositions on one DeviceMesh: every ZeRO stage with tp or with pp
-  (``dp×tp``, ``zero1×tp`` ... ``zero3×pp``); tp and pp together are not run.
+  (``dp×tp``, ``zero1×tp`` ... ``zero3×pp``), and ``tp×pp`` without data parallelism.
 
 MARP proposes only plans for which :func:`runs` is true; the trainer refuses
 any other with :func:`refusal`'s message.  Pure: no torch, no I/O.
@@ -57,6 +57,7 @@ COMBOS: tuple[Combo, ...] = (
     Combo("dp×pp", 0, "many", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each stage in DDP over dp"),
     Combo("zero2×pp", 2, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (no reshard)"),
     Combo("zero3×pp", 3, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (reshard)"),
+    Combo("tp×pp", 0, "one", "many", "many", "2-D mesh (pp, tp): 1F1B stages of tensor-parallel layers"),
 )
 """Every combination the trainer runs, and nothing else (tests/trainer runs each one)."""
 
@@ -86,7 +87,7 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
         names = ", ".join(c.name for c in COMBOS)
         return (
             f"the trainer does not run dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}: "
-            f"it runs {names} (tp and pp do not combine yet)"
+            f"it runs {names} (tp with pp runs without dp and ZeRO)"
         )
     g = setup.effective_global_batch
     if g % (setup.micro_batch * setup.dp) != 0:

@@ -133,7 +133,7 @@ def _apply_tp(model: Any, tp_mesh: Any) -> list[str]:
         return apply_tp_gpt2(model, tp_mesh)
     plan: dict[str, Any] = {n: ColwiseParallel() for n in _TP_COLWISE}
     plan.update({n: RowwiseParallel() for n in _TP_ROWWISE})
-    for layer in decoder_layers(model):
+    for layer in model.layers() if hasattr(model, "layers") else decoder_layers(model):
         parallelize_module(layer, tp_mesh, plan)
     return []
 

@@ -80,7 +80,9 @@ def apply_tp_gpt2(model: Any, tp_mesh: Any) -> list[str]:
     cls = _module_class()
     tp = tp_mesh.size()
     biases = []
-    for i, block in enumerate(model.transformer.h):
+    blocks = model.transformer.h
+    named = blocks.items() if hasattr(blocks, "items") else enumerate(blocks)  # a pipeline stage's ModuleDict
+    for i, block in named:
         block.attn.split_size = block.attn.embed_dim // tp
         for path in (*COLWISE, *ROWWISE):
             parent_path, _, leaf = path.rpartition(".")

@@ -43,7 +43,8 @@ SHAPES: dict[int, list[tuple[str, dict[str, int]]]] = {
         ("llama", {"dp": 2, "tp": 2, "zero": 3}), ("llama", {"dp": 2, "pp": 2}),
         ("llama", {"dp": 2, "pp": 2, "zero": 3}), ("gpt2", {"dp": 2, "pp": 2, "zero": 3}),
         ("gpt2", {"dp": 2, "tp": 2}), ("gpt2", {"dp": 2, "tp": 2, "zero": 3}),
-        ("llama", {"dp": 2, "tp": 2, "zero": 1}), ("llama", {"dp": 2, "pp": 2, "zero": 1})],
+        ("llama", {"dp": 2, "tp": 2, "zero": 1}), ("llama", {"dp": 2, "pp": 2, "zero": 1}),
+        ("llama", {"tp": 2, "pp": 2}), ("gpt2", {"tp": 2, "pp": 2})],
 }
 
 
@@ -181,7 +182,7 @@ def test_sigterm_checkpoint_resumes_on_another_plan(runs: dict[str, Any], stop: 
 
 @pytest.mark.parametrize("name", ["llama-dp2-tp2-zero3", "llama-dp2-pp2-zero3", "gpt2-dp2-zero3",
                                   "gpt2-dp2-pp2-zero3", "gpt2-dp2-tp2", "gpt2-dp2-tp2-zero3",
-                                  "llama-dp2-tp2-zero1"])
+                                  "llama-dp2-tp2-zero1", "gpt2-pp2-tp2"])
 def test_returned_model_reproduces_final_eval_loss(runs: dict[str, Any], name: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM

@@ -89,8 +89,8 @@ def test_global_batch_no_plan_divides(cfg: dict[str, str]) -> None:
 def test_plans_outside_the_table_are_refused(cfg: dict[str, str]) -> None:
     with pytest.raises(PlanError, match=r"tp=8 does not divide the 4 attention heads"):
         resolve(_plan(cfg, model=cfg["gpt2"], tp=8))
-    with pytest.raises(PlanError, match=r"does not run dp=1 tp=2 pp=2 zero=0"):
-        resolve(_plan(cfg, tp=2, pp=2))
+    with pytest.raises(PlanError, match=r"does not run dp=2 tp=2 pp=2 zero=0"):
+        resolve(_plan(cfg, dp=2, tp=2, pp=2))
     with pytest.raises(PlanError, match=r"does not run dp=1 tp=2 pp=2 zero=3"):
         resolve(_plan(cfg, tp=2, pp=2, zero=3))
     with pytest.raises(PlanError, match=r"tp=4 does not divide the 2 key/value heads"):
