@@ -47,7 +47,7 @@ COMBOS: tuple[Combo, ...] = (
     Combo("zero1", 1, "any", "one", "one", "DDP + ZeroRedundancyOptimizer(AdamW)"),
     Combo("zero2", 2, "any", "one", "one", "FSDP2 fully_shard per layer + root, reshard_after_forward=False"),
     Combo("zero3", 3, "any", "one", "one", "FSDP2 fully_shard per layer + root, reshard_after_forward=True"),
-    Combo("tp", 0, "one", "many", "one", "parallelize_module: colwise q/k/v, gate/up; rowwise o, down"),
+    Combo("tp", 0, "one", "many", "one", "Megatron-style DTensors: colwise q/k/v, gate/up; rowwise o, down"),
     Combo("pp", 0, "one", "one", "many", "torch.distributed.pipelining Schedule1F1B, layers split evenly"),
     Combo("dp×tp", 0, "many", "many", "one", "2-D mesh (dp, tp): tp as above, DDP over the dp axis"),
     Combo("zero2×tp", 2, "any", "many", "one", "2-D mesh (dp, tp): tp, then FSDP2 over dp (no reshard)"),
