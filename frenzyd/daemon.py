@@ -166,7 +166,7 @@ class Daemon:
         async def send_order(node: str, msg: Body, limit_s: float) -> dict[str, Any]:
             return (await net.send_signed(node, msg.KIND, msg.to_body(), limit_s)).body
 
-        self.orch = Orchestrator(
+        self.orch = orch = Orchestrator(
             node_id=self.node_id, node_name=self.creds.node_name, data_dir=self.data_dir,
             send=send, send_order=send_order,
             view=self.view, gpus=self._gpus, launcher=self.launcher, rank_spec=RankSpec,
@@ -183,6 +183,12 @@ class Daemon:
                                       "reason", lambda: net.dropped)
         self.metrics.add_count_source("frenzy_peer_auth_refused", "Peers/orders refused by auth, by reason",
                                       "reason", lambda: net.auth_refusals)
+        self.metrics.add_count_source(
+            "frenzy_stale_attempts_refused", "Messages refused because they were about an attempt of a job "
+            "that is not its current one, by message kind", "kind", lambda: orch.ctx.fenced)
+        self.metrics.add_count_source(
+            "frenzy_job_records_quarantined", "Unreadable job records moved to data_dir/quarantine/jobs",
+            "store", lambda: {"jobs": orch.store.quarantined})
         orch_stop = asyncio.Event()
         discovery: Any = None
         try:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,13 +71,22 @@ class RoleContext:
     """Re-run the scheduling pass soon."""
     clock: Callable[[], float] = time.time
     heartbeat_s: float = 1.0
+    fenced: Counter[str] = field(default_factory=Counter)
+    """Messages refused because they were about another attempt than the job's current one, by kind
+    (``frenzy_stale_attempts_refused_total``)."""
+
+    def stale(self, kind: str, why: object) -> None:
+        """Count and log one refusal of a stale attempt's message."""
+        self.fenced[kind] += 1
+        log.info("refused %s: %s", kind, why)
 
 
 @dataclass
 class RankRun:
-    """Ranks of one job running on this node."""
+    """Ranks of one attempt of a job running on this node."""
 
     job_id: str
+    attempt: int
     term: int
     submitter: str
     record: JobRecord
@@ -90,6 +100,10 @@ class RankRun:
     vacated: str = ""
     """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
     hosts_store: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.attempt)
 
 
 async def guard(coro: Coroutine[Any, Any, Any], name: str) -> None:

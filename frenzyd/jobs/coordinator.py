@@ -17,8 +17,11 @@ from frenzyd.jobs.context import (
     host_of,
     own_codes,
 )
+from frenzyd.jobs.lifecycle import Cancel, Exits, Fail, Placed, Requeue, StaleAttempt, step
 from frenzyd.jobs.messages import (
     Ack,
+    AttemptAck,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobLaunch,
@@ -35,8 +38,6 @@ from frenzyd.jobs.model import (
     JobRecord,
     JobTable,
     RankAssignment,
-    record_exits,
-    transition,
 )
 from frenzyd.jobs.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
 
@@ -69,8 +70,8 @@ class CoordinatorRole:
             if gone:
                 log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
                             rec.id, gone[0][:12])
-                self.table.update(transition(rec, "queued", now=self.ctx.clock(),
-                                             message=f"peer {gone[0][:12]} lost"))
+                self.table.update(step(rec, Requeue(rec.attempt, f"peer {gone[0][:12]} lost"),
+                                       now=self.ctx.clock()))
                 self._unreserve(rec.id)
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
@@ -83,7 +84,7 @@ class CoordinatorRole:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued":
                 continue
-            failed = transition(cur, "failed", now=self.ctx.clock(), message=reason)
+            failed = step(cur, Fail(reason), now=self.ctx.clock())
             self.table.update(failed)
             log.info("job %s cannot run in this pool: %s", job_id, reason)
             self.ctx.spawn(self._tell_submitter(failed), f"tell {job_id}")
@@ -119,26 +120,44 @@ class CoordinatorRole:
         for g in [g for g, j in self._reserved.items() if j == job_id]:
             del self._reserved[g]
 
+    async def _begin_attempt(self, rec: JobRecord, term: int) -> int:
+        """Ask the submitter for the job's next attempt number (0: it will not run; table updated)."""
+        reply = await self.ctx.send(rec.submitter, JobAttempt(rec.id, term, rec.attempt), SEND_TIMEOUT_S)
+        ack = Ack.from_body(reply)
+        if not ack.ok:
+            raise LaunchError(f"the submitter refused a new attempt: {ack.reason}")
+        attempt = reply.get("attempt")
+        if attempt == 0:
+            state = reply.get("state")
+            if state in TERMINAL:  # finished or cancelled while queued here: forget our stale copy
+                self.table.drop(rec.id)
+            return 0
+        return AttemptAck.attempt_of(reply)
+
     async def _start(self, rec: JobRecord, pl: Placement, v: ClusterView) -> None:
-        """Lease on every chosen peer, launch rank 0's peer (store), then the others."""
+        """Get an attempt number, lease on every chosen peer, launch rank 0's peer (store), then the rest."""
         term = v.term
         by_peer: dict[str, list[RankAssignment]] = {}
         for r in pl.ranks:
             by_peer.setdefault(r.peer, []).append(r)
         granted: list[str] = []
         launched: list[str] = []
+        attempt = 0
         try:
+            attempt = await self._begin_attempt(rec, term)
+            if attempt == 0:
+                self._unreserve(rec.id)
+                return
             for peer, ranks in by_peer.items():
                 ack = Ack.from_body(await self.ctx.send(
-                    peer, LeaseRequest(rec.id, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
+                    peer, LeaseRequest(rec.id, attempt, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
                 if not ack.ok:
                     raise LeaseError(f"peer {peer[:12]} refused the lease: {ack.reason}")
                 granted.append(peer)
-            running = transition(rec, "running", now=self.ctx.clock(), plan=pl.plan,
-                                 ranks=pl.ranks, term=term, message="placed")
+            running = step(rec, Placed(attempt, pl.ranks, term, pl.plan), now=self.ctx.clock())
             rank0 = pl.ranks[0].peer
             host0 = host_of(str(v.peers.get(rank0, {}).get("address", "")))
-            order = JobLaunch(rec.id, term, running, host0, master_port=0, start_store=True,
+            order = JobLaunch(rec.id, attempt, term, running, host0, master_port=0, start_store=True,
                               backend=pl.backend)
             reply = await self.ctx.send_order(rank0, order, LAUNCH_TIMEOUT_S)
             launched.append(rank0)
@@ -163,20 +182,24 @@ class CoordinatorRole:
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
                 state = await self._tell_submitter(running)
                 if state in TERMINAL:  # the submitter finished it meanwhile (cancelled): undo
-                    self.table.update(transition(running, "cancelled", now=self.ctx.clock(),
-                                                 message=f"submitter says {state}"))
+                    self.table.update(step(running, Cancel(f"submitter says {state}"), now=self.ctx.clock()))
+                    self._unreserve(rec.id)
                     await self._stop_everywhere(running, term)
             else:  # cancelled while we were launching
+                self._unreserve(rec.id)
                 await self._stop_everywhere(running, term)
         except (FrenzyError, OSError) as exc:
-            log.warning("job %s: placement failed (%s); it stays queued", rec.id, exc)
-            stub = transition(rec, "running", now=self.ctx.clock(), ranks=pl.ranks, term=term)
+            log.warning("job %s: placement of attempt %d failed (%s); it stays queued", rec.id, attempt, exc)
             if launched:
-                await self._stop_everywhere(stub, term, only=launched)
+                await self._stop_everywhere(rec, term, only=launched, attempt=attempt)
             for peer in granted:
                 with contextlib.suppress(FrenzyError, OSError):
-                    await self.ctx.send(peer, LeaseRelease(rec.id, term), SEND_TIMEOUT_S)
+                    await self.ctx.send(peer, LeaseRelease(rec.id, attempt, term), SEND_TIMEOUT_S)
             self._unreserve(rec.id)
+            if attempt:  # the submitter's record is placing this attempt: back to waiting
+                back = replace(rec, attempt=attempt, message=f"placement failed: {exc}")
+                with contextlib.suppress(FrenzyError, OSError):
+                    await self.ctx.send(rec.submitter, JobState(back), SEND_TIMEOUT_S)
         finally:
             self._placing.discard(rec.id)
 
@@ -192,10 +215,13 @@ class CoordinatorRole:
                 return StateAck.state_of(reply)
         return None
 
-    async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None) -> None:
+    async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None,
+                               attempt: int | None = None) -> None:
+        """Stop the ranks of ``rec``'s attempt (or ``attempt``) on its peers (or ``only`` these)."""
+        stop = JobStop(rec.id, rec.attempt if attempt is None else attempt, term)
         for peer in only if only is not None else rec.peers():
             try:
-                await self.ctx.send_order(peer, JobStop(rec.id, term), SEND_TIMEOUT_S)
+                await self.ctx.send_order(peer, stop, SEND_TIMEOUT_S)
             except (FrenzyError, OSError) as exc:
                 log.info("job %s: stop order to %s failed: %s", rec.id, peer[:12], exc)
 
@@ -213,10 +239,13 @@ class CoordinatorRole:
                 self.table.submit(theirs)
             elif theirs.state == "running":
                 self.table.adopt(theirs)
-        elif known.state == "running" and theirs.state == "queued" and theirs.attempts >= known.attempts:
+        elif known.state == "running" and theirs.state == "queued" and theirs.attempt >= known.attempt:
             self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
+        elif known.state == "queued" and theirs.state == "running" and theirs.attempt > known.attempt \
+                and theirs.id not in self._placing:
+            self.table.update(theirs)  # placed by an earlier coordinator: running, not queued
         self.ctx.wake()
         return Ack()
 
@@ -228,7 +257,7 @@ class CoordinatorRole:
             return Ack(False, "only the submitter can cancel a job")
         if rec.terminal:
             return StateAck(rec.state)
-        self.table.update(transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user"))
+        self.table.update(step(rec, Cancel(), now=self.ctx.clock()))
         if rec.state == "running":
             await self._stop_everywhere(rec, self.ctx.view().term)
         self._unreserve(rec.id)
@@ -239,17 +268,23 @@ class CoordinatorRole:
         """A peer's ranks of a job exited: requeue (vacated) or record the exit codes."""
         job_id = msg.job_id
         known = self.table.get(job_id)
-        current = known is not None and known.state == "running" and known.term == msg.term
-        if known is not None and current and msg.vacated:
-            self.table.update(transition(known, "queued", now=self.ctx.clock(),
-                                         message=f"peer {peer[:12]} stopped while running ranks"))
-            self._unreserve(job_id)
-            others = [p for p in known.peers() if p != peer]
-            await self._stop_everywhere(known, self.ctx.view().term, only=others)
-            self.ctx.wake()
-        elif known is not None and current:
-            done = record_exits(known, own_codes(msg.exit_codes, known, peer), now=self.ctx.clock())
-            self.table.update(done)
-            if done.terminal:
+        if known is None:
+            return
+        try:
+            if known.state == "running" and msg.vacated:
+                why = f"peer {peer[:12]} stopped while running ranks"
+                self.table.update(step(known, Requeue(msg.attempt, why), now=self.ctx.clock()))
                 self._unreserve(job_id)
+                others = [p for p in known.peers() if p != peer]
+                await self._stop_everywhere(known, self.ctx.view().term, only=others)
                 self.ctx.wake()
+                return
+            codes = own_codes(msg.exit_codes, known, peer)
+            done = step(known, Exits(msg.attempt, codes), now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale(JobExit.KIND, exc)
+            return
+        self.table.update(done)
+        if done.terminal:
+            self._unreserve(job_id)
+            self.ctx.wake()

@@ -40,6 +40,7 @@ from frenzyd.jobs.coordinator import CoordinatorRole
 from frenzyd.jobs.messages import (
     SIGNED_KINDS,
     Ack,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobFinished,
@@ -200,7 +201,8 @@ class Orchestrator:
         """One pass: lease expiry, submitter duties, coordinator duties."""
         now = self.ctx.clock()
         for lease in self.leases.expire_unlaunched(now, ttl_s=max(30.0, 10 * self.ctx.heartbeat_s)):
-            log.info("lease of job %s expired before its launch order came", lease.job_id)
+            log.info("lease of job %s attempt %d expired before its launch order came", lease.job_id,
+                     lease.attempt)
         v = self._view()
         self.leases.observe_term(v.term)
         self.coordinator.ensure_table(v)
@@ -247,6 +249,7 @@ class Orchestrator:
         sub, coord, host = self.submitter, self.coordinator, self.rank_host
         table: dict[type[Body], Callable[[str, Any], Awaitable[Reply]]] = {
             JobSubmit: coord.on_submit, JobCancel: coord.on_cancel, JobState: sub.on_state,
+            JobAttempt: sub.on_attempt,
             LeaseRequest: host.on_lease, LeaseRelease: host.on_release, JobLaunch: host.on_launch,
             JobStop: host.on_stop, PayloadFetch: sub.on_payload, JobOutput: sub.on_output,
             JobResults: sub.on_results, JobExit: self._on_exit, JobFinished: host.on_finished,

@@ -23,8 +23,11 @@ from frenzyd.jobs.context import (
     own_codes,
     slug,
 )
+from frenzyd.jobs.lifecycle import BeginAttempt, Cancel, Exits, Fail, Placed, Requeue, StaleAttempt, step
 from frenzyd.jobs.messages import (
     Ack,
+    AttemptAck,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobFinished,
@@ -40,8 +43,6 @@ from frenzyd.jobs.model import (
     JobRecord,
     JobSpec,
     new_record,
-    record_exits,
-    transition,
 )
 from frenzyd.jobs.store import JobStore
 
@@ -115,7 +116,7 @@ class SubmitterRole:
                 raise
         rec = self.store.get(job_id)
         if not rec.terminal:
-            rec = transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user")
+            rec = step(rec, Cancel(), now=self.ctx.clock())
             self.store.save(rec)
         return rec
 
@@ -127,10 +128,10 @@ class SubmitterRole:
             if rec.terminal:
                 continue
             if rec.state == "running" and now - (rec.started_at or now) > 5 * self.ctx.heartbeat_s + 10:
-                lost = [p for p in rec.peers() if not self._peer_has_job(v, p, rec.id)
+                lost = [p for p in rec.peers() if not self._peer_has_job(v, p, rec)
                         and not self._peer_exited(rec, p)]
                 if lost:
-                    rec = transition(rec, "queued", now=now, message=f"lost ranks on peer {lost[0][:12]}")
+                    rec = step(rec, Requeue(rec.attempt, f"lost ranks on peer {lost[0][:12]}"), now=now)
                     self.store.save(rec)
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
@@ -147,25 +148,47 @@ class SubmitterRole:
                 self._acked[rec.id] = (v.coordinator, v.term)
 
     @staticmethod
-    def _peer_has_job(v: ClusterView, peer: str, job_id: str) -> bool:
+    def _peer_has_job(v: ClusterView, peer: str, rec: JobRecord) -> bool:
         rep = v.peers.get(peer)
         if rep is None:
             return False
-        return any(isinstance(x, Mapping) and x.get("job_id") == job_id for x in rep.get("leases") or ())
+        return any(isinstance(x, Mapping) and x.get("job_id") == rec.id and x.get("attempt") == rec.attempt
+                   for x in rep.get("leases") or ())
 
     @staticmethod
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
         return all(r.rank in rec.exit_codes for r in rec.ranks if r.peer == peer)
 
+    async def on_attempt(self, peer: str, msg: JobAttempt) -> AttemptAck | Ack:
+        """The coordinator is about to place a job of ours: allocate (and persist) its next attempt.
+
+        Numbers come only from here, so an attempt number is never used twice, even when the
+        coordinator changes mid-placement.  A job that is over or running gets attempt 0 and its
+        state, so the coordinator drops its stale copy.
+        """
+        v = self.ctx.view()
+        if msg.term < v.term:
+            return Ack(False, f"stale term {msg.term}: this node has seen term {v.term}")
+        rec = self.store.get(msg.job_id)
+        if rec.terminal or rec.state == "running":
+            return AttemptAck(0, rec.state)
+        rec = step(rec, BeginAttempt(), now=self.ctx.clock())
+        await asyncio.to_thread(self.store.save, rec)
+        return AttemptAck(rec.attempt, rec.state)
+
     def _apply_placement(self, rec: JobRecord, theirs: JobRecord) -> JobRecord:
-        """Adopt the coordinator's placement carried in a state or exit message."""
-        if rec.state == "running" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "queued", now=self.ctx.clock(), message="placed again by the coordinator")
-        if rec.state == "queued" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "running", now=self.ctx.clock(), plan=theirs.plan, ranks=theirs.ranks,
-                             term=theirs.term, message="placed")
-            self.store.save(rec)
-            log.info("job %s running on %d rank(s), term %d", rec.id, rec.world_size, rec.term)
+        """Adopt the coordinator's placement carried in a state or exit message (its attempt only)."""
+        if theirs.state != "running" or (rec.state == "running" and rec.attempt == theirs.attempt):
+            return rec
+        try:
+            placed = Placed(theirs.attempt, theirs.ranks, theirs.term, theirs.plan)
+            rec = step(rec, placed, now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale("job.state", exc)
+            return rec
+        self.store.save(rec)
+        log.info("job %s attempt %d running on %d rank(s), term %d", rec.id, rec.attempt, rec.world_size,
+                 rec.term)
         return rec
 
     async def on_state(self, peer: str, msg: JobState) -> StateAck:
@@ -173,27 +196,43 @@ class SubmitterRole:
         rec = self.store.get(theirs.id)
         if rec.terminal:
             return StateAck(rec.state)
-        if theirs.state == "running":
-            rec = self._apply_placement(rec, theirs)
-        elif theirs.state == "failed" and rec.state == "queued":
-            rec = transition(rec, "failed", now=self.ctx.clock(), message=theirs.message)
-            self.store.save(rec)
-        elif theirs.state == "queued" and rec.state == "running" and theirs.term == 0:
-            rec = transition(rec, "queued", now=self.ctx.clock(), message=theirs.message)
-            self.store.save(rec)
-            self._acked.pop(rec.id, None)
+        try:
+            if theirs.state == "running":
+                rec = self._apply_placement(rec, theirs)
+            elif theirs.state == "failed" and rec.state == "queued":
+                rec = step(rec, Fail(theirs.message), now=self.ctx.clock())
+                self.store.save(rec)
+            elif theirs.state == "queued" and theirs.term == 0 and theirs.attempt == rec.attempt \
+                    and (rec.state == "running" or rec.phase == "placing"):
+                rec = step(rec, Requeue(rec.attempt, theirs.message, lost=rec.state == "running"),
+                           now=self.ctx.clock())
+                self.store.save(rec)
+                self._acked.pop(rec.id, None)
+        except StaleAttempt as exc:
+            self.ctx.stale(JobState.KIND, exc)
         return StateAck(rec.state)
 
+    def _current(self, kind: str, job_id: str, attempt: int) -> JobRecord | None:
+        """The job's record when ``attempt`` is its current attempt; otherwise count a refusal."""
+        rec = self.store.get(job_id)
+        if attempt == rec.attempt and attempt > 0:
+            return rec
+        self.ctx.stale(kind, f"job {job_id}: attempt {attempt}, the job is at attempt {rec.attempt}")
+        return None
+
     async def on_output(self, peer: str, msg: JobOutput) -> Ack:
-        rec = self.store.get(msg.job_id)
+        rec = self._current(JobOutput.KIND, msg.job_id, msg.attempt)
+        if rec is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         now = self.ctx.clock()
         for ch in msg.chunks:
-            self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now)
+            self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now, attempt=msg.attempt)
         return Ack()
 
     async def on_results(self, peer: str, msg: JobResults) -> Ack:
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
-        self.store.get(job_id)
+        if self._current(JobResults.KIND, job_id, msg.attempt) is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         if total > self.max_result_bytes or off < 0:
             raise LaunchError(f"results of {total} bytes exceed the cap of {self.max_result_bytes}")
         buf = self._results_buf.setdefault(job_id, bytearray())
@@ -210,29 +249,36 @@ class SubmitterRole:
     def on_exit(self, peer: str, msg: JobExit) -> None:
         """A peer's ranks of one of our jobs exited: requeue (vacated) or record the exit codes."""
         mine = self.store.find(msg.job_id)
-        if mine is not None and not mine.terminal:
-            if msg.record is not None:
-                mine = self._apply_placement(mine, msg.record)
-            # A peer reports only the ranks it was given.
-            codes = own_codes(msg.exit_codes, mine, peer)
-            if mine.term == msg.term and mine.state == "running" and msg.vacated:
+        if mine is None or mine.terminal:
+            return
+        if msg.record is not None:
+            mine = self._apply_placement(mine, msg.record)
+        # A peer reports only the ranks it was given.
+        codes = own_codes(msg.exit_codes, mine, peer)
+        try:
+            if mine.state == "running" and msg.vacated:
                 why = msg.reason or "it stopped"
-                rec = transition(mine, "queued", now=self.ctx.clock(),
-                                 message=f"vacated by peer {peer[:12]}: {why}")
+                why = f"vacated by peer {peer[:12]}: {why}"
+                rec = step(mine, Requeue(msg.attempt, why), now=self.ctx.clock())
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
-            elif mine.term == msg.term:
-                rec = record_exits(mine, codes, now=self.ctx.clock())
-                if rec.state == "failed" and rec.id in self._cancelling:
-                    rec = replace(rec, state="cancelled", message="cancelled by user")
-                if rec != mine:
-                    self.store.save(rec)
-                if rec.terminal:
-                    log.info("job %s %s: %s", rec.id, rec.state, rec.message)
-                    self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
+                return
+            rec = step(mine, Exits(msg.attempt, codes), now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale(JobExit.KIND, exc)
+            return
+        if rec.state == "failed" and rec.id in self._cancelling:
+            rec = replace(rec, state="cancelled", message="cancelled by user")
+        if rec != mine:
+            self.store.save(rec)
+        if rec.terminal:
+            log.info("job %s %s: %s", rec.id, rec.state, rec.message)
+            self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
 
-    async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk:
+    async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk | Ack:
+        if self._current(PayloadFetch.KIND, msg.job_id, msg.attempt) is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         length = max(0, min(msg.length, CHUNK))
         data, total = await asyncio.to_thread(self.store.payload, msg.job_id, msg.offset, length)
         return PayloadChunk(data, total)
@@ -240,4 +286,4 @@ class SubmitterRole:
     async def _announce_finished(self, rec: JobRecord) -> None:
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
-                await self.ctx.send(peer, JobFinished(rec.id), SEND_TIMEOUT_S)
+                await self.ctx.send(peer, JobFinished(rec.id, rec.attempt), SEND_TIMEOUT_S)

@@ -73,6 +73,17 @@ class RankSpec:
     env: dict[str, str] = field(default_factory=dict)
     backend: Literal["gloo", "nccl"] = "gloo"
     socket_ifname: str | None = None
+    attempt: int = 1
+    """The job's attempt (DESIGN.md §8); the launcher keys processes and files by ``run_key``."""
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.job_id, self.attempt)
+
+
+def run_key(job_id: str, attempt: int) -> str:
+    """How the launcher names one attempt of a job (process bookkeeping, pid and log files)."""
+    return f"{job_id}.a{attempt}"
 
 
 def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -92,12 +103,13 @@ def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, st
             "MASTER_PORT": str(spec.master_port),
             # The store runs in the daemon's child, not in rank 0 (torch/distributed/rendezvous.py).
             "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RUN_ID": spec.job_id,
-            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_RUN_ID": spec.run_key,
+            "TORCHELASTIC_RESTART_COUNT": str(max(0, spec.attempt - 1)),
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
             "FRENZY_JOB_ID": spec.job_id,
+            "FRENZY_ATTEMPT": str(spec.attempt),
             "FRENZY_BACKEND": spec.backend,
             "FRENZY_OUTPUT_DIR": str(spec.output_dir),
             "PYTHONUNBUFFERED": "1",
@@ -215,12 +227,14 @@ class Launcher:
         self._stores: dict[str, asyncio.subprocess.Process] = {}
 
     # ---- rendezvous store -------------------------------------------------------------------
-    async def start_store(self, job_id: str, bind_addr: str, start_limit_s: float = 60.0) -> int:
-        """Start the job's rendezvous store listening on ``bind_addr`` only; return its port."""
-        if job_id in self._stores:
-            raise LaunchError(f"job {job_id}: rendezvous store already running")
+    async def start_store(self, job_id: str, attempt: int, bind_addr: str,
+                          start_limit_s: float = 60.0) -> int:
+        """Start the rendezvous store of the job's attempt on ``bind_addr`` only; return its port."""
+        run = run_key(job_id, attempt)
+        if run in self._stores:
+            raise LaunchError(f"job {run}: rendezvous store already running")
         lo, hi = self.rendezvous_ports
-        log_path = self.dir / f"{job_id}.store.log"
+        log_path = self.dir / f"{run}.store.log"
         with log_path.open("wb") as errlog:
             proc = await asyncio.create_subprocess_exec(
                 # -P and a cwd of our own: a `frenzyd` directory in the daemon's cwd must not shadow ours
@@ -241,16 +255,19 @@ class Launcher:
             await proc.wait()
             detail = text or _tail(log_path) or f"no answer within {start_limit_s:.0f}s"
             raise LaunchError(
-                f"job {job_id}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
+                f"job {run}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
                 "address belongs to this host and [launcher] rendezvous_ports has a free port"
             )
-        self._stores[job_id] = proc
-        self._write_pid(f"{job_id}.store", proc.pid)
+        self._stores[run] = proc
+        self._write_pid(f"{run}.store", proc.pid)
         return int(text.split()[1])
 
-    async def stop_store(self, job_id: str) -> None:
-        """Close the job's rendezvous store (no-op when none)."""
-        proc = self._stores.pop(job_id, None)
+    async def stop_store(self, job_id: str, attempt: int) -> None:
+        """Close the rendezvous store of the job's attempt (no-op when none)."""
+        await self._stop_store(run_key(job_id, attempt))
+
+    async def _stop_store(self, run: str) -> None:
+        proc = self._stores.pop(run, None)
         if proc is None:
             return
         if proc.stdin is not None:
@@ -261,8 +278,8 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-        (self.pid_dir / f"{job_id}.store.pid").unlink(missing_ok=True)
-        (self.dir / f"{job_id}.store.log").unlink(missing_ok=True)
+        (self.pid_dir / f"{run}.store.pid").unlink(missing_ok=True)
+        (self.dir / f"{run}.store.log").unlink(missing_ok=True)
 
     # ---- ranks -------------------------------------------------------------------------------
     async def launch(self, spec: RankSpec, on_output: OutputCallback | None = None) -> RankHandle:
@@ -287,21 +304,21 @@ class Launcher:
             )
         except (OSError, ValueError) as exc:
             raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot start {argv[0]!r}: {exc}") from exc
-        pid_file = self._write_pid(f"{spec.job_id}.rank{spec.rank}", proc.pid)
+        pid_file = self._write_pid(f"{spec.run_key}.rank{spec.rank}", proc.pid)
         handle = RankHandle(spec, proc, pid_file)
         for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
             handle._pumps.append(asyncio.create_task(_pump(spec.rank, stream_name, stream, on_output)))
-        self._ranks.setdefault(spec.job_id, []).append(handle)
-        log.info("job %s: rank %d started (pid %d)", spec.job_id, spec.rank, proc.pid)
+        self._ranks.setdefault(spec.run_key, []).append(handle)
+        log.info("job %s: rank %d started (pid %d)", spec.run_key, spec.rank, proc.pid)
         return handle
 
-    def ranks(self, job_id: str) -> list[RankHandle]:
-        return list(self._ranks.get(job_id, []))
+    def ranks(self, job_id: str, attempt: int) -> list[RankHandle]:
+        return list(self._ranks.get(run_key(job_id, attempt), []))
 
-    def forget(self, job_id: str) -> None:
-        """Drop the bookkeeping of a finished job."""
-        self._ranks.pop(job_id, None)
+    def forget(self, job_id: str, attempt: int) -> None:
+        """Drop the bookkeeping of a finished attempt."""
+        self._ranks.pop(run_key(job_id, attempt), None)
 
     def own_pids(self) -> set[int]:
         """Every live process Frenzy started (ranks, their children, stores): for owner protection."""
@@ -309,9 +326,13 @@ class Launcher:
         groups |= {p.pid for p in self._stores.values()}
         return _pgid_members(groups)
 
-    async def cancel(self, job_id: str) -> None:
-        """Kill every rank of the job (whole process groups, TERM then KILL after a grace) and its store."""
-        handles = [h for h in self._ranks.get(job_id, []) if not h.done]
+    async def cancel(self, job_id: str, attempt: int) -> None:
+        """Kill every rank of the job's attempt (whole process groups, TERM then KILL after a grace)
+        and its store."""
+        await self._cancel(run_key(job_id, attempt))
+
+    async def _cancel(self, run: str) -> None:
+        handles = [h for h in self._ranks.get(run, []) if not h.done]
         for h in handles:
             _killpg(h.pid, signal.SIGTERM)
         if handles:
@@ -321,13 +342,13 @@ class Launcher:
                 _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
             if pending:
                 await asyncio.wait(pending, timeout=10.0)
-            log.info("job %s: cancelled %d rank(s)", job_id, len(handles))
-        await self.stop_store(job_id)
+            log.info("job %s: cancelled %d rank(s)", run, len(handles))
+        await self._stop_store(run)
 
     async def close(self) -> None:
         """Cancel everything still running (daemon shutdown)."""
-        for job_id in list(self._ranks) + list(self._stores):
-            await self.cancel(job_id)
+        for run in list(self._ranks) + list(self._stores):
+            await self._cancel(run)
 
     # ---- leftovers ---------------------------------------------------------------------------
     def _write_pid(self, name: str, pid: int) -> Path:
@@ -359,7 +380,7 @@ class Launcher:
 
 def _pythonpath() -> str:
     """Make ``frenzyd`` importable in the store child even when the daemon runs from a source tree."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     old = os.environ.get("PYTHONPATH")
     return root if not old else f"{root}{os.pathsep}{old}"
 
