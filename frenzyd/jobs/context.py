@@ -71,6 +71,8 @@ class RoleContext:
     """Re-run the scheduling pass soon."""
     clock: Callable[[], float] = time.time
     heartbeat_s: float = 1.0
+    lease_timeout_s: float = 30.0
+    """How long a node's ranks outlive its daemon's silence (their supervisor kills them then)."""
     fenced: Counter[str] = field(default_factory=Counter)
     """Messages refused because they were about another attempt than the job's current one, by kind
     (``frenzy_stale_attempts_refused_total``)."""
@@ -96,10 +98,14 @@ class RankRun:
     out_bytes: int = 0
     dropped: int = 0
     out_event: asyncio.Event = field(default_factory=asyncio.Event)
+    pumped: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the output pump has delivered (or given up on) everything after the ranks exited."""
     done: bool = False
     vacated: str = ""
     """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
     hosts_store: bool = False
+    renewed_until: float = 0.0
+    """Until when the ranks' supervisor holds their lease (the last renewal + ``lease_timeout_s``)."""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -17,7 +17,7 @@ from frenzyd.jobs.context import (
     host_of,
     own_codes,
 )
-from frenzyd.jobs.lifecycle import Cancel, Exits, Fail, Placed, Requeue, StaleAttempt, step
+from frenzyd.jobs.lifecycle import Cancel, Exits, Placed, Requeue, StaleAttempt, Wait, step
 from frenzyd.jobs.messages import (
     Ack,
     AttemptAck,
@@ -39,7 +39,7 @@ from frenzyd.jobs.model import (
     JobTable,
     RankAssignment,
 )
-from frenzyd.jobs.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
+from frenzyd.jobs.placement import PeerOffer, Placement, QueuedJob, offers_from_reports, schedule
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class CoordinatorRole:
         self._table_term = -1
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
+        self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
 
     def ensure_table(self, v: ClusterView) -> None:
         """Start a fresh soft job table when this node becomes coordinator of a new term."""
@@ -63,15 +64,29 @@ class CoordinatorRole:
             log.info("no longer coordinator; dropping the soft job table")
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
 
+    def replace_after_s(self) -> float:
+        """How long a peer must have been out of the view before its jobs are placed elsewhere: by
+        then its ranks' supervisor has killed them (the lease deadline passed), so an attempt
+        never runs twice at once.  The peer table already waited ``peer_timeout_s``."""
+        return self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s
+
     async def tick(self, v: ClusterView) -> None:
-        """One coordinator pass: requeue jobs whose peers are gone, then place the queue."""
-        for rec in self.table.running():
+        """One coordinator pass: requeue jobs whose peers are gone for good, then place the queue."""
+        now = self.ctx.clock()
+        running = self.table.running()
+        busy_peers = {p for rec in running for p in rec.peers()}
+        for p in list(self._silent_since):
+            if p in v.peers or p not in busy_peers:
+                del self._silent_since[p]
+        for rec in running:
             gone = [p for p in rec.peers() if p not in v.peers]
-            if gone:
-                log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
-                            rec.id, gone[0][:12])
-                self.table.update(step(rec, Requeue(rec.attempt, f"peer {gone[0][:12]} lost"),
-                                       now=self.ctx.clock()))
+            for p in gone:
+                self._silent_since.setdefault(p, now)
+            lost = [p for p in gone if now - self._silent_since[p] >= self.replace_after_s()]
+            if lost:
+                log.warning("job %s: peer %s silent for %.0fs; stopping its other ranks and requeueing it",
+                            rec.id, lost[0][:12], now - self._silent_since[lost[0]])
+                self.table.update(step(rec, Requeue(rec.attempt, f"peer {lost[0][:12]} lost"), now=now))
                 self._unreserve(rec.id)
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
@@ -81,13 +96,15 @@ class CoordinatorRole:
             return
         sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.ctx.clock())
         for job_id, reason in sched.infeasible:
+            # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
+            # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
             cur = self.table.get(job_id)
-            if cur is None or cur.state != "queued":
+            if cur is None or cur.state != "queued" or cur.phase != "waiting" or cur.message == reason:
                 continue
-            failed = step(cur, Fail(reason), now=self.ctx.clock())
-            self.table.update(failed)
-            log.info("job %s cannot run in this pool: %s", job_id, reason)
-            self.ctx.spawn(self._tell_submitter(failed), f"tell {job_id}")
+            waiting = step(cur, Wait(reason), now=self.ctx.clock())
+            self.table.update(waiting)
+            log.info("job %s waits: %s", job_id, reason)
+            self.ctx.spawn(self._tell_submitter(waiting), f"tell {job_id}")
         for job_id, pl in sched.start:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued" or job_id in self._placing:
@@ -98,23 +115,7 @@ class CoordinatorRole:
             self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
-        offers = []
-        for nid, rep in sorted(v.peers.items()):
-            gpus = []
-            for g in rep.get("gpus") or ():
-                try:
-                    gpus.append(OfferedGpu(
-                        uuid=str(g["uuid"]), index=int(g["index"]), type=str(g["type"]),
-                        memory_bytes=int(g["memory_bytes"]), free_bytes=int(g["free_bytes"]),
-                        simulated=bool(g.get("simulated")),
-                        available=bool(g.get("offered")) and g.get("leased_to") is None
-                        and str(g["uuid"]) not in self._reserved,
-                    ))
-                except (KeyError, TypeError, ValueError):
-                    continue
-            offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
-                                    str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus)))
-        return offers
+        return offers_from_reports(v.peers, self._reserved)
 
     def _unreserve(self, job_id: str) -> None:
         for g in [g for g, j in self._reserved.items() if j == job_id]:
@@ -288,3 +289,10 @@ class CoordinatorRole:
         if done.terminal:
             self._unreserve(job_id)
             self.ctx.wake()
+        elif done.failed_rank is not None and known.failed_rank is None:
+            # torchrun's semantics: one rank failing stops the others (a peer waiting in
+            # init_process_group for a dead rank would otherwise hold its GPUs for minutes).
+            others = [p for p in done.peers() if p != peer]
+            log.info("job %s: rank %d exited %d; stopping its other ranks", job_id, done.failed_rank,
+                     done.exit_codes[done.failed_rank])
+            await self._stop_everywhere(done, self.ctx.view().term, only=others)

@@ -23,6 +23,8 @@ event           from                   to                      caused by
 BeginAttempt    queued                 queued/placing, a + 1   submitter, when the coordinator asks
 Placed(a)       queued                 running a               coordinator (launch acknowledged);
                                                                the submitter on its report
+Wait(reason)    queued/waiting         queued/waiting          coordinator: why it cannot place the
+                                                               job now (shown; nothing else changes)
 Requeue(a)      queued/placing a,      queued/waiting          submitter or coordinator: placement
                 running a                                      failed, ranks lost, peer vacated
 Exits(a)        running a              running, succeeded,     the rank hosts' exit reports
@@ -46,7 +48,7 @@ from frenzyd.errors import JobStateError
 from frenzyd.jobs.model import PHASES, TERMINAL, JobPlan, JobRecord, JobState, RankAssignment
 
 __all__ = ["EVENTS", "MAX_LOST", "PHASES", "BeginAttempt", "Cancel", "Event", "Exits", "Fail", "Placed",
-           "Requeue", "StaleAttempt", "run_attempt", "step"]
+           "Requeue", "StaleAttempt", "Wait", "run_attempt", "step"]
 
 MAX_LOST: Final = 3
 """Started attempts a job may lose (peer lost, owner reclaimed its GPU) before it is failed."""
@@ -85,6 +87,13 @@ class Requeue:
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """The job stays queued: ``reason`` says why it cannot be placed now."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Exits:
     """Exit codes of some ranks of attempt ``attempt``."""
 
@@ -102,11 +111,12 @@ class Fail:
     reason: str
 
 
-Event = BeginAttempt | Placed | Requeue | Exits | Cancel | Fail
+Event = BeginAttempt | Placed | Wait | Requeue | Exits | Cancel | Fail
 
 EVENTS: Final[dict[type, tuple[frozenset[JobState], frozenset[Actor]]]] = {
     BeginAttempt: (frozenset({"queued"}), frozenset({"submitter"})),
     Placed: (frozenset({"queued"}), frozenset({"coordinator", "submitter"})),
+    Wait: (frozenset({"queued"}), frozenset({"coordinator"})),
     Requeue: (frozenset({"queued", "running"}), frozenset({"submitter", "coordinator"})),
     Exits: (frozenset({"running"}), frozenset({"rank_host"})),
     Cancel: (frozenset({"queued", "running"}), frozenset({"user"})),
@@ -130,7 +140,7 @@ def step(rec: JobRecord, ev: Event, *, now: float) -> JobRecord:
     if isinstance(ev, BeginAttempt):
         _require(rec, allowed, ev)
         return replace(rec, attempt=rec.attempt + 1, phase="placing", updated_at=now, plan=None, ranks=(),
-                       term=0, exit_codes={}, message="placing")
+                       term=0, exit_codes={}, failed_rank=None, message="placing")
     if isinstance(ev, Placed):
         if ev.attempt < rec.attempt or (ev.attempt == rec.attempt and rec.phase != "placing"):
             raise StaleAttempt(f"job {rec.id}: placement of attempt {ev.attempt}, the job is at attempt "
@@ -142,6 +152,11 @@ def step(rec: JobRecord, ev: Event, *, now: float) -> JobRecord:
         return replace(rec, state="running", phase="running", attempt=ev.attempt, updated_at=now,
                        started_at=now, plan=ev.plan, ranks=ranks, term=ev.term, exit_codes={},
                        message=ev.message)
+    if isinstance(ev, Wait):
+        _require(rec, allowed, ev)
+        if rec.phase != "waiting":
+            raise StaleAttempt(f"job {rec.id}: a reason to wait while attempt {rec.attempt} is being placed")
+        return replace(rec, message=ev.reason, updated_at=now)
     if isinstance(ev, Requeue):
         _current(rec, ev.attempt, "requeue")
         _require(rec, allowed, ev)
@@ -152,7 +167,7 @@ def step(rec: JobRecord, ev: Event, *, now: float) -> JobRecord:
             return replace(rec, state="failed", phase="done", lost=lost, updated_at=now, finished_at=now,
                            message=f"gave up after losing {lost} attempts: {ev.reason}")
         return replace(rec, state="queued", phase="waiting", lost=lost, updated_at=now, plan=None, ranks=(),
-                       term=0, exit_codes={}, message=ev.reason)
+                       term=0, exit_codes={}, failed_rank=None, message=ev.reason)
     if isinstance(ev, Exits):
         _current(rec, ev.attempt, "exit report")
         if rec.state != "running":
@@ -181,19 +196,25 @@ def _finish(rec: JobRecord, to: JobState, message: str, now: float) -> JobRecord
 
 
 def _exits(rec: JobRecord, codes: Mapping[int, int], now: float) -> JobRecord:
-    """Add rank exit codes; finish the job once every rank has exited (any non-zero: failed,
-    the message names the first failed rank).  Codes for ranks outside the attempt are ignored."""
+    """Add rank exit codes; finish the job once every rank has exited (any non-zero: failed).
+
+    ``codes`` come in the order the ranks exited; the first non-zero one to arrive is the job's
+    ``failed_rank`` (the others were usually stopped because of it) and the message names it.
+    Codes for ranks outside the attempt are ignored.
+    """
     merged = dict(rec.exit_codes)
+    failed_rank = rec.failed_rank
     for rank, code in codes.items():
-        if 0 <= rank < rec.world_size:
+        if 0 <= rank < rec.world_size and rank not in merged:
             merged[rank] = code
-    rec = replace(rec, exit_codes=merged, updated_at=now)
+            if code != 0 and failed_rank is None:
+                failed_rank = rank
+    rec = replace(rec, exit_codes=merged, failed_rank=failed_rank, updated_at=now)
     if len(merged) < rec.world_size:
         return rec
-    bad = sorted(r for r, c in merged.items() if c != 0)
-    if not bad:
+    if failed_rank is None:
         return _finish(rec, "succeeded", "all ranks exited 0", now)
-    return _finish(rec, "failed", f"rank {bad[0]} exited {merged[bad[0]]}", now)
+    return _finish(rec, "failed", f"rank {failed_rank} exited {merged[failed_rank]} first", now)
 
 
 def run_attempt(rec: JobRecord, ranks: Iterable[RankAssignment], *, now: float, term: int = 1,

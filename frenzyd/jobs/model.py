@@ -327,6 +327,8 @@ class JobRecord:
     plan: JobPlan | None = None
     ranks: tuple[RankAssignment, ...] = ()
     exit_codes: dict[int, int] = field(default_factory=dict)
+    failed_rank: int | None = None
+    """The attempt's first rank to exit non-zero (None while none has)."""
     message: str = ""
 
     @property
@@ -353,6 +355,7 @@ class JobRecord:
             "phase": self.phase,
             "reason": self.message,
             "attempt": self.attempt,
+            "failed_rank": self.failed_rank,
             "submitter": self.submitter,
             "submitter_name": self.submitter_name,
             "plan": None if self.plan is None else self.plan.to_dict(),
@@ -384,6 +387,7 @@ class JobRecord:
             "plan": None if self.plan is None else self.plan.to_dict(),
             "ranks": [r.to_dict() for r in self.ranks],
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+            "failed_rank": self.failed_rank,
             "message": self.message,
         }
 
@@ -419,6 +423,7 @@ class JobRecord:
                 plan=plan,
                 ranks=tuple(RankAssignment.from_dict(r) for r in d.get("ranks") or ()),
                 exit_codes={int(k): int(v) for k, v in (d.get("exit_codes") or {}).items()},
+                failed_rank=None if d.get("failed_rank") is None else int(d["failed_rank"]),
                 message=str(d.get("message") or ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
 from frenzyd.jobs.context import (
     CHUNK,
+    MAX_REPORTED_JOBS,
     OUTPUT_BATCH_BYTES,
     OUTPUT_BUFFER_CAP,
     SEND_TIMEOUT_S,
     STORE_LINGER_S,
+    ClusterView,
     RankRun,
     RoleContext,
 )
@@ -38,6 +40,12 @@ from frenzyd.jobs.model import (
     JobRecord,
     LeaseTable,
 )
+from frenzyd.jobs.outbox import Outbox, OutboxEntry
+
+OUTPUT_DRAIN_S = 30.0
+"""Longest an exit report waits for the attempt's remaining output to be delivered."""
+MAX_DELIVERY_BACKOFF_S = 60.0
+"""Longest wait between two tries to deliver an exit report to an unreachable submitter."""
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ class RankHostRole:
         max_payload_bytes: int,
         max_result_bytes: int,
         socket_ifname: str | None,
+        retention_s: float = 7 * 24 * 3600.0,
     ) -> None:
         self.ctx = ctx
         self.data_dir = data_dir
@@ -68,6 +77,8 @@ class RankHostRole:
         self.socket_ifname = socket_ifname
         self.leases = LeaseTable()
         self._runs: dict[tuple[str, int], RankRun] = {}
+        self.outbox = Outbox(data_dir)
+        self.retention_s = retention_s
         self._store_done: dict[tuple[str, int], asyncio.Event] = {}
         self.stopping = False
 
@@ -128,7 +139,8 @@ class RankHostRole:
             else:
                 await prepare()
             outdir.mkdir(parents=True, exist_ok=True)
-            run = RankRun(job_id, attempt, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store)
+            run = RankRun(job_id, attempt, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store,
+                          renewed_until=self.ctx.clock() + self.ctx.lease_timeout_s)
             self._runs[run.key] = run
             handles = []
             local_world = len(mine)
@@ -190,6 +202,7 @@ class RankHostRole:
         while True:
             if not run.out:
                 if run.done:
+                    run.pumped.set()
                     return
                 run.out_event.clear()
                 with contextlib.suppress(TimeoutError):
@@ -214,11 +227,37 @@ class RankHostRole:
                 log.info("job %s: output to submitter failed (%s)", run.job_id, exc)
                 await asyncio.sleep(self.ctx.heartbeat_s)
 
+    async def _wait_ranks(self, run: RankRun, handles: list[tuple[int, Any]]) -> list[tuple[int, int]]:
+        """Exit codes in the order the ranks exited; the first non-zero one stops the others here
+        at once (torchrun's semantics), unless this node is already stopping them."""
+        pending = {asyncio.ensure_future(h.wait()): rank for rank, h in handles}
+        codes: list[tuple[int, int]] = []
+        stopping = False
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in sorted(done, key=lambda t: pending[t]):
+                    code = int(t.result())
+                    codes.append((pending.pop(t), code))
+                    if code != 0 and pending and not stopping and not (run.vacated or self.stopping):
+                        stopping = True
+                        log.info("job %s attempt %d: rank %d exited %d; stopping its other ranks here",
+                                 run.job_id, run.attempt, codes[-1][0], code)
+                        self.ctx.spawn(self.launcher.cancel(*run.key), f"stop {run.job_id}")
+        finally:
+            for t in pending:
+                t.cancel()
+        return codes
+
     async def _watch(
         self, run: RankRun, handles: list[tuple[int, Any]], outdir: Path, rank0_here: bool
     ) -> None:
-        """Wait for this node's ranks, then send results (rank 0) and exit codes to the submitter."""
-        codes = [(rank, int(await h.wait())) for rank, h in handles]
+        """Wait for this node's ranks, persist the exit report (and rank 0's results) in the outbox,
+        then deliver it."""
+        codes = await self._wait_ranks(run, handles)
+        if not run.vacated and not self.stopping and self.ctx.clock() > run.renewed_until:
+            run.vacated = "its lease expired: this node could not confirm the attempt with its submitter"
+        await self.launcher.unsupervise(*run.key)
         run.done = True
         run.out_event.set()
         if run.hosts_store and not (self.stopping or run.vacated):
@@ -229,34 +268,100 @@ class RankHostRole:
         else:
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(*run.key)  # closes the rendezvous store, reaps stragglers
-        for _ in range(100):
-            if not run.out:
-                break
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # the last output lines reach the submitter before the exit
+            async with asyncio.timeout(1.0 if self.stopping else OUTPUT_DRAIN_S):
+                await run.pumped.wait()
         report = JobExit(run.job_id, run.attempt, run.term, tuple(codes), self.ctx.node_id, run.record,
                          vacated=self.stopping or bool(run.vacated),
                          reason=run.vacated or ("its daemon stopped" if self.stopping else ""))
-        with contextlib.suppress(FrenzyError, OSError):
-            if rank0_here and not report.vacated:
-                data = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
-                for off in range(0, max(len(data), 1), CHUNK):
-                    chunk = JobResults(run.job_id, run.attempt, off, len(data), data[off:off + CHUNK])
-                    await self.ctx.send(run.submitter, chunk, SEND_TIMEOUT_S)
-        for attempt in range(1 if self.stopping else 30):
+        results: bytes | None = None
+        if rank0_here and not report.vacated:
             try:
-                await self.ctx.send(run.submitter, report, SEND_TIMEOUT_S)
-                break
-            except FrenzyError as exc:
-                log.info("job %s: exit report to submitter failed (%s), retry %d", run.job_id, exc, attempt)
-                await asyncio.sleep(self.ctx.heartbeat_s)
-        coord = self.ctx.view().coordinator
-        if coord is not None and coord != run.submitter:
-            with contextlib.suppress(FrenzyError):
-                await self.ctx.send(coord, report, SEND_TIMEOUT_S)
+                results = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
+            except (FrenzyError, OSError) as exc:
+                log.warning("job %s attempt %d: results not collected: %s", run.job_id, run.attempt, exc)
+        try:
+            entry = await asyncio.to_thread(self.outbox.put, report, run.submitter, results, self.ctx.clock())
+        except OSError as exc:  # full disk: still try to deliver from memory
+            log.error("job %s attempt %d: exit report not persisted (%s); delivering it from memory",  # noqa: TRY400
+                      run.job_id, run.attempt, exc)
+            entry = OutboxEntry(report, run.submitter, self.ctx.clock(), False)
         self.leases.release(run.job_id, run.attempt)
         self._runs.pop(run.key, None)
         log.info("job %s attempt %d: rank(s) here exited %s", run.job_id, run.attempt, codes)
         self.ctx.wake()
+        coord = self.ctx.view().coordinator
+        if coord is not None and coord != run.submitter:  # stops a failing job's other ranks sooner
+            with contextlib.suppress(FrenzyError):
+                await self.ctx.send(coord, report, SEND_TIMEOUT_S)
+        await self._deliver(entry, results)
+
+    async def _deliver(self, entry: OutboxEntry, results: bytes | None = None) -> None:
+        """Send an outbox entry to its submitter (results first), retrying with backoff for as long
+        as ``retention_s`` lasts; remove it once acknowledged or refused as stale."""
+        job_id, attempt = entry.key
+        delay = self.ctx.heartbeat_s
+        while self.ctx.clock() < entry.created_at + self.retention_s:
+            try:
+                if entry.has_results:
+                    await self._send_results(entry, results)
+                await self.ctx.send(entry.submitter, entry.report, SEND_TIMEOUT_S)
+            except LaunchError as exc:  # refused for good (stale attempt, over the cap)
+                log.warning("job %s attempt %d: %s; dropping it", job_id, attempt, exc)
+                break
+            except (FrenzyError, OSError) as exc:
+                log.info("job %s attempt %d: exit report not delivered (%s); retry in %.0fs",
+                         job_id, attempt, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_DELIVERY_BACKOFF_S)
+                continue
+            break
+        else:
+            log.warning("job %s attempt %d: submitter %s did not take the exit report within %.0fs; "
+                        "dropping it", job_id, attempt, entry.submitter[:12], self.retention_s)
+        await asyncio.to_thread(self.outbox.remove, entry.key)
+
+    async def _send_results(self, entry: OutboxEntry, results: bytes | None) -> None:
+        """Rank 0's results, in chunks; ``LaunchError`` when the submitter refuses them for good."""
+        job_id, attempt = entry.key
+        data = results if results is not None else await asyncio.to_thread(self.outbox.results, entry)
+        for off in range(0, max(len(data), 1), CHUNK):
+            chunk = JobResults(job_id, attempt, off, len(data), data[off:off + CHUNK])
+            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, SEND_TIMEOUT_S))
+            if not ack.ok:
+                raise LaunchError(f"results refused: {ack.reason}")
+
+    def start(self) -> None:
+        """Resume delivering what a previous run of this daemon left in the outbox."""
+        for entry in self.outbox.entries():
+            self.ctx.spawn(self._deliver(entry), f"outbox {entry.report.job_id}")
+
+    def renew_leases(self, v: ClusterView) -> None:
+        """Extend the lease of every attempt running here that its submitter confirms (its live
+        report lists the attempt as placing or running).  An attempt nobody confirms is left to
+        expire: its supervisor kills the ranks ``lease_timeout_s`` after the last renewal, before
+        the coordinator could place a new attempt (DESIGN.md §8)."""
+        now = self.ctx.clock()
+        for run in list(self._runs.values()):
+            if run.done or not self._confirmed(v, run):
+                continue
+            if self.launcher.renew(run.job_id, run.attempt, self.ctx.lease_timeout_s):
+                run.renewed_until = now + self.ctx.lease_timeout_s
+
+    @staticmethod
+    def _confirmed(v: ClusterView, run: RankRun) -> bool:
+        rep = v.peers.get(run.submitter)
+        if rep is None:
+            return False
+        for j in rep.get("jobs") or ():
+            if isinstance(j, Mapping) and j.get("id") == run.job_id and j.get("attempt") == run.attempt:
+                return j.get("state") == "running" or j.get("phase") == "placing"
+        return False
+
+    def outbox_report(self) -> list[dict[str, Any]]:
+        """The finished attempts whose reports are not delivered yet (for the heartbeat report)."""
+        return [{"job_id": e.report.job_id, "attempt": e.report.attempt}
+                for e in self.outbox.entries()][-MAX_REPORTED_JOBS:]
 
     async def _close_store_later(self, key: tuple[str, int], done: asyncio.Event) -> None:
         # Keyed by attempt: a later attempt of the same job is never touched by this timer.

@@ -29,7 +29,8 @@ FOLLOW_QUEUE = 10_000
 """Events buffered per live follower; a follower that falls this far behind is cut off."""
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never half."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -111,7 +112,7 @@ class JobStore:
         """Persist a new job and its payload."""
         d = self.dir(rec.id)
         d.mkdir(mode=0o700)
-        _atomic_write(d / "payload.bin", payload)
+        atomic_write(d / "payload.bin", payload)
         self._seq[rec.id] = 0
         self.save(rec)
 
@@ -119,7 +120,7 @@ class JobStore:
         """Replace the job's record on disk and tell followers when its state changed."""
         old = self._records.get(rec.id)
         self._records[rec.id] = rec
-        _atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
+        atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
         if old is None or old.state != rec.state or old.ranks != rec.ranks:
             self._publish(rec.id, {"type": "state", "job": rec.summary()})
         if rec.terminal:
@@ -165,7 +166,7 @@ class JobStore:
         return out
 
     def write_results(self, job_id: str, data: bytes) -> None:
-        _atomic_write(self.dir(job_id) / "results.bin", data)
+        atomic_write(self.dir(job_id) / "results.bin", data)
 
     def results(self, job_id: str) -> bytes | None:
         self.get(job_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -23,7 +24,17 @@ from frenzyd.jobs.context import (
     own_codes,
     slug,
 )
-from frenzyd.jobs.lifecycle import BeginAttempt, Cancel, Exits, Fail, Placed, Requeue, StaleAttempt, step
+from frenzyd.jobs.lifecycle import (
+    BeginAttempt,
+    Cancel,
+    Exits,
+    Fail,
+    Placed,
+    Requeue,
+    StaleAttempt,
+    Wait,
+    step,
+)
 from frenzyd.jobs.messages import (
     Ack,
     AttemptAck,
@@ -44,9 +55,15 @@ from frenzyd.jobs.model import (
     JobSpec,
     new_record,
 )
-from frenzyd.jobs.store import JobStore
+from frenzyd.jobs.placement import SeenInventory, offers_from_reports, place
+from frenzyd.jobs.store import JobStore, atomic_write
 
 log = logging.getLogger(__name__)
+
+SEEN_FILE = "seen-gpus.json"
+"""The most GPUs of each kind seen in the pool at once (``SeenInventory``), in the data directory."""
+UNPLACEABLE_CHECK_S = 30.0
+"""How often a waiting job is checked against what the pool has held (MARP is not free)."""
 
 
 class SubmitterRole:
@@ -61,9 +78,17 @@ class SubmitterRole:
         versions: Versions,
         max_payload_bytes: int,
         max_result_bytes: int,
+        unplaceable_after_s: float = 3600.0,
     ) -> None:
         self.ctx = ctx
         self.store = store
+        self.unplaceable_after_s = unplaceable_after_s
+        self._born = ctx.clock()
+        self._absent_since: dict[str, float] = {}  # peer running one of our attempts -> left the view
+        self._unfit_since: dict[str, float] = {}  # waiting job -> since when nothing seen could hold it
+        self._fit_checked: dict[str, float] = {}
+        self._seen_path = store.root.parent / SEEN_FILE
+        self.seen = self._load_seen()
         self._pack_dir = pack_dir
         self.versions = versions
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
@@ -120,21 +145,86 @@ class SubmitterRole:
             self.store.save(rec)
         return rec
 
+    def _load_seen(self) -> SeenInventory:
+        try:
+            return SeenInventory.from_dict(json.loads(self._seen_path.read_text()))
+        except FileNotFoundError:
+            return SeenInventory()
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("ignoring unreadable %s (%s): the pool's GPUs are learned again",
+                        self._seen_path, exc)
+            return SeenInventory()
+
+    def _observe_pool(self, v: ClusterView) -> None:
+        if self.seen.observe(offers_from_reports(v.peers)):
+            try:
+                atomic_write(self._seen_path, json.dumps(self.seen.to_dict()).encode())
+            except OSError as exc:
+                log.warning("cannot remember the pool's GPUs in %s: %s", self._seen_path, exc)
+
+    def _lost_peers(self, v: ClusterView, rec: JobRecord, now: float) -> list[str]:
+        """Peers of a running attempt whose ranks are gone: a live peer that lists neither the
+        attempt's lease nor its undelivered exit report, or a peer out of the view for longer
+        than its ranks' lease outlives it.  Nothing is lost in the first heartbeats after this
+        daemon started (it re-attaches to its running jobs as their peers' reports arrive)."""
+        grace = 5 * self.ctx.heartbeat_s + 10
+        if now - self._born < grace or now - (rec.started_at or now) < grace:
+            return []
+        lost = []
+        for p in rec.peers():
+            if self._peer_exited(rec, p):
+                continue
+            if p not in v.peers:
+                since = self._absent_since.setdefault(p, now)
+                if now - since >= self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s:
+                    lost.append(p)
+            elif not self._peer_has_job(v, p, rec):
+                lost.append(p)
+        return lost
+
+    def _check_unplaceable(self, rec: JobRecord, now: float) -> JobRecord:
+        """Fail a waiting job that nothing this node has seen in the pool could hold, once that has
+        been so for ``unplaceable_after_s``; say what was seen."""
+        every = min(UNPLACEABLE_CHECK_S, self.unplaceable_after_s / 4)
+        if not self.seen.kinds or now - self._fit_checked.get(rec.id, 0.0) < every:
+            return rec
+        self._fit_checked[rec.id] = now
+        try:
+            place(rec.spec, self.seen.offers())
+        except FrenzyError as exc:
+            since = self._unfit_since.setdefault(rec.id, max(now, self._born))
+            if now - since < self.unplaceable_after_s:
+                return rec
+            why = (f"no GPUs seen in this pool can hold it ({exc}); seen: {self.seen.describe()}. "
+                   f"Waited {now - since:.0f}s ([jobs] unplaceable_after_s)")
+            rec = step(rec, Fail(why), now=now)
+            self.store.save(rec)
+            log.warning("job %s failed: %s", rec.id, why)
+            return rec
+        self._unfit_since.pop(rec.id, None)
+        return rec
+
     async def tick(self, v: ClusterView) -> None:
-        """Requeue jobs whose ranks were lost; (re)submit unfinished jobs to the coordinator."""
+        """Requeue jobs whose ranks were lost, fail the unplaceable, (re)submit the rest."""
         now = self.ctx.clock()
+        self._observe_pool(v)
+        for p in [p for p in self._absent_since if p in v.peers]:
+            del self._absent_since[p]
         for stored in self.store.all():
             rec = stored
             if rec.terminal:
                 continue
-            if rec.state == "running" and now - (rec.started_at or now) > 5 * self.ctx.heartbeat_s + 10:
-                lost = [p for p in rec.peers() if not self._peer_has_job(v, p, rec)
-                        and not self._peer_exited(rec, p)]
+            if rec.state == "running":
+                lost = self._lost_peers(v, rec, now)
                 if lost:
                     rec = step(rec, Requeue(rec.attempt, f"lost ranks on peer {lost[0][:12]}"), now=now)
                     self.store.save(rec)
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
+            if rec.state == "queued" and rec.phase == "waiting":
+                rec = self._check_unplaceable(rec, now)
+                if rec.terminal:
+                    continue
             acked = self._acked.get(rec.id) == (v.coordinator, v.term)
             if v.coordinator is None or (acked and now < self._resend_at.get(rec.id, 0)):
                 continue
@@ -153,7 +243,7 @@ class SubmitterRole:
         if rep is None:
             return False
         return any(isinstance(x, Mapping) and x.get("job_id") == rec.id and x.get("attempt") == rec.attempt
-                   for x in rep.get("leases") or ())
+                   for x in [*(rep.get("leases") or ()), *(rep.get("outbox") or ())])
 
     @staticmethod
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
@@ -208,6 +298,9 @@ class SubmitterRole:
                            now=self.ctx.clock())
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
+            elif theirs.state == "queued" and rec.phase == "waiting" and theirs.message != rec.message:
+                rec = step(rec, Wait(theirs.message), now=self.ctx.clock())
+                self.store.save(rec)
         except StaleAttempt as exc:
             self.ctx.stale(JobState.KIND, exc)
         return StateAck(rec.state)

@@ -435,8 +435,15 @@ class PeerNetwork:
             self.book.failed(address, self._clock())
             self.auth_refusals["identity_mismatch"] += 1
             return
+        try:
+            self._heard(reply.body)
+        except AuthError as exc:
+            self.book.failed(address, self._clock())
+            self.auth_refusals[exc.reason] += 1
+            self._ratelog.warning(f"auth:{exc.reason}", "refused a heartbeat reply from %s: %s",
+                                  address, exc)
+            return
         self.book.succeeded(address, peer_id)
-        self._heard(reply.body)
 
     async def _heartbeat_loop(self) -> None:
         period = self.config.timing.heartbeat_s

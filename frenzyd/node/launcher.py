@@ -216,6 +216,7 @@ class Launcher:
         run_as: str | None = None,
         rendezvous_ports: tuple[int, int] = (0, 0),
         term_grace_s: float = TERM_GRACE_S,
+        lease_s: float = 30.0,
     ) -> None:
         self.dir = Path(data_dir) / "launcher"
         self.pid_dir = self.dir / "pids"
@@ -223,8 +224,56 @@ class Launcher:
         self.run_as = run_as
         self.rendezvous_ports = rendezvous_ports
         self.term_grace_s = term_grace_s
+        self.lease_s = lease_s
         self._ranks: dict[str, list[RankHandle]] = {}
         self._stores: dict[str, asyncio.subprocess.Process] = {}
+        self._supervisors: dict[str, asyncio.subprocess.Process] = {}
+
+    # ---- lease supervisors (frenzyd.node.supervisor) ----------------------------------------
+    async def _supervisor(self, run: str) -> asyncio.subprocess.Process:
+        proc = self._supervisors.get(run)
+        if proc is not None and proc.returncode is None:
+            return proc
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-m", "frenzyd.node.supervisor", "--grace", str(self.term_grace_s),
+            "--lease", str(self.lease_s), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            cwd=self.dir, start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
+        )
+        self._supervisors[run] = proc
+        self._write_pid(f"{run}.supervisor", proc.pid)
+        return proc
+
+    def _tell(self, run: str, line: str) -> bool:
+        proc = self._supervisors.get(run)
+        if proc is None or proc.returncode is not None or proc.stdin is None or proc.stdin.is_closing():
+            return False
+        proc.stdin.write(f"{line}\n".encode())
+        return True
+
+    def renew(self, job_id: str, attempt: int, seconds: float) -> bool:
+        """Extend the lease of the attempt's ranks here to ``seconds`` from now (False: none)."""
+        return self._tell(run_key(job_id, attempt), f"renew {seconds:.3f}")
+
+    async def unsupervise(self, job_id: str, attempt: int) -> None:
+        """The attempt's ranks are gone: end its supervisor without it killing anything."""
+        await self._unsupervise(run_key(job_id, attempt))
+
+    async def _unsupervise(self, run: str) -> None:
+        proc = self._supervisors.pop(run, None)
+        if proc is None:
+            return
+        if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.write(b"stop\n")
+            with contextlib.suppress(ConnectionError):
+                await proc.stdin.drain()
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        (self.pid_dir / f"{run}.supervisor.pid").unlink(missing_ok=True)
 
     # ---- rendezvous store -------------------------------------------------------------------
     async def start_store(self, job_id: str, attempt: int, bind_addr: str,
@@ -295,6 +344,7 @@ class Launcher:
         kwargs: dict[str, object] = {}
         if self.run_as:
             kwargs.update(user=self.run_as, group=None, extra_groups=[])
+        supervisor = await self._supervisor(spec.run_key)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _RANK_EXEC, str(os.getpid()), *argv,
@@ -305,6 +355,8 @@ class Launcher:
         except (OSError, ValueError) as exc:
             raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot start {argv[0]!r}: {exc}") from exc
         pid_file = self._write_pid(f"{spec.run_key}.rank{spec.rank}", proc.pid)
+        if supervisor.stdin is not None and not supervisor.stdin.is_closing():
+            supervisor.stdin.write(f"watch {proc.pid}\n".encode())  # the rank leads its own group
         handle = RankHandle(spec, proc, pid_file)
         for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
@@ -344,10 +396,11 @@ class Launcher:
                 await asyncio.wait(pending, timeout=10.0)
             log.info("job %s: cancelled %d rank(s)", run, len(handles))
         await self._stop_store(run)
+        await self._unsupervise(run)
 
     async def close(self) -> None:
         """Cancel everything still running (daemon shutdown)."""
-        for run in list(self._ranks) + list(self._stores):
+        for run in list(self._ranks) + list(self._stores) + list(self._supervisors):
             await self._cancel(run)
 
     # ---- leftovers ---------------------------------------------------------------------------

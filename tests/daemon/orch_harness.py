@@ -24,6 +24,10 @@ from frenzyd.node import launcher as launcher_mod
 from frenzyd.node.launcher import Launcher, RankSpec
 
 GIB = 1 << 30
+LEASE_S = 6.0
+"""Shrunken ``lease_timeout_s``: a silent peer's jobs are re-placed after ~6.4 s, not ~30 s."""
+UNPLACEABLE_S = 2.0
+"""Shrunken ``jobs.unplaceable_after_s``."""
 PY = ".".join(map(str, sys.version_info[:3]))
 
 DDP_SCRIPT = textwrap.dedent(
@@ -82,7 +86,7 @@ class Pool:
     def add(self, nid: str, gpus: int, gpu_type: str = "T4", torch: str | None = None) -> Node:
         data = self.tmp / nid
         data.mkdir(parents=True, exist_ok=True)
-        launcher = Launcher(data, term_grace_s=2.0)
+        launcher = Launcher(data, term_grace_s=2.0, lease_s=LEASE_S)
         decl = [{"uuid": f"SIM-{nid}-{i}", "index": i, "type": gpu_type, "memory_bytes": 16 * GIB,
                  "free_bytes": 16 * GIB, "simulated": True, "offered": True} for i in range(gpus)]
         orch = Orchestrator(
@@ -90,7 +94,8 @@ class Pool:
             send=self.sender(nid), send_order=self.sender(nid), view=self.view, gpus=lambda: decl,
             launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,
-            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2,
+            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=LEASE_S,
+            unplaceable_after_s=UNPLACEABLE_S,
         )
         node = Node(nid, orch, decl, asyncio.Event())
         self.nodes[nid] = node

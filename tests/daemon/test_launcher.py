@@ -101,6 +101,7 @@ async def test_two_rank_ddp_job_over_gloo_loss_falls(tmp_path: Path) -> None:
     ]
     codes = await asyncio.gather(*(h.wait() for h in handles))
     await launcher.stop_store("job1", 1)
+    await launcher.unsupervise("job1", 1)
     assert codes == [0, 0], out.text(0, "stderr") + out.text(1, "stderr")
     losses = [float(x) for x in re.findall(r"step \d+ loss ([0-9.]+)", out.text(0))]
     assert len(losses) == 25
@@ -260,7 +261,7 @@ async def test_ranks_die_with_their_daemon_and_leftovers_are_reaped(tmp_path: Pa
     assert alive(rank_pid)
     assert alive(child_pid)
     pid_files = list((tmp_path / "data" / "launcher" / "pids").glob("*.pid"))
-    assert [p.name for p in pid_files] == ["j-pd.a1.rank0.pid"]
+    assert sorted(p.name for p in pid_files) == ["j-pd.a1.rank0.pid", "j-pd.a1.supervisor.pid"]
     parent.kill()  # SIGKILL: the daemon gets no chance to clean up
     await parent.wait()
     await wait_pid_gone(rank_pid, 10)  # parent-death signal

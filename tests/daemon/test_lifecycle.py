@@ -24,6 +24,7 @@ from frenzyd.jobs.lifecycle import (
     Placed,
     Requeue,
     StaleAttempt,
+    Wait,
     run_attempt,
     step,
 )
@@ -120,7 +121,7 @@ def test_running_needs_contiguous_ranks() -> None:
 
 
 def test_the_event_table_names_who_may_cause_each_event() -> None:
-    assert set(EVENTS) == {BeginAttempt, Placed, Requeue, Exits, Cancel, Fail}
+    assert set(EVENTS) == {BeginAttempt, Placed, Wait, Requeue, Exits, Cancel, Fail}
     assert EVENTS[BeginAttempt][1] == {"submitter"}  # only the record's owner numbers attempts
     assert EVENTS[Cancel][1] == {"user"}
 
@@ -133,6 +134,7 @@ EVENT = st.one_of(
     st.builds(Exits, st.integers(0, 6), st.dictionaries(st.integers(0, 3), st.integers(0, 2), max_size=3)),
     st.just(Cancel()),
     st.just(Fail("no")),
+    st.builds(Wait, st.sampled_from(["no GPU fits now", "busy"])),
 )
 
 
@@ -227,3 +229,22 @@ def test_terminal_states_accept_nothing() -> None:
         for ev in (BeginAttempt(), Cancel(), Fail("x")):
             with pytest.raises(JobStateError):
                 step(r, ev, now=3)
+
+
+def test_wait_only_updates_the_reason_of_a_waiting_job() -> None:
+    r = step(fresh(), Wait("no GPU type in this pool fits it now"), now=1)
+    assert (r.state, r.phase, r.message) == ("queued", "waiting", "no GPU type in this pool fits it now")
+    placing = step(r, BeginAttempt(), now=2)
+    with pytest.raises(StaleAttempt):
+        step(placing, Wait("late news"), now=3)
+
+
+def test_the_first_rank_to_fail_is_named_not_the_lowest() -> None:
+    """Rank 2 fails first; the others are stopped because of it (SIGTERM: -15) and exit later."""
+    r = run_attempt(fresh(), ranks(3), now=1)
+    r = step(r, Exits(1, {2: 1}), now=2)
+    assert (r.state, r.failed_rank) == ("running", 2)
+    r = step(r, Exits(1, {0: -15, 1: -15}), now=3)
+    assert (r.state, r.failed_rank) == ("failed", 2)
+    assert r.message == "rank 2 exited 1 first"
+    assert r.summary()["failed_rank"] == 2

@@ -75,7 +75,9 @@ async def test_cancel_kills_running_ranks(pool: Pool, tmp_path: Path) -> None:
     assert all(h.done for h in a.orch.launcher.ranks(rec.id, attempt))
 
 
-async def test_infeasible_and_version_mismatch_fail_with_reason(pool: Pool, tmp_path: Path) -> None:
+async def test_unplaceable_jobs_wait_with_the_reason_then_the_submitter_fails_them(
+    pool: Pool, tmp_path: Path
+) -> None:
     pool.add("a", 1)
     c = pool.add("c", 0)
     pool.coordinator = "a"
@@ -84,6 +86,8 @@ async def test_infeasible_and_version_mismatch_fail_with_reason(pool: Pool, tmp_
     rec = await c.orch.submit(request(d, nproc=4))
     done = await wait_state(c, rec.id, {"failed"}, limit=30)
     assert "--nproc" in done["message"]
+    assert "no GPUs seen in this pool can hold it" in done["message"]
+    assert "T4 x1" in done["message"]  # says what it has seen
     rec = await c.orch.submit(request(d, nproc=1, mem=64 * GIB))
     done = await wait_state(c, rec.id, {"failed"}, limit=30)
     assert "--mem-per-rank" in done["message"]
