@@ -9,8 +9,9 @@ from typing import Any
 from frenzyd.errors import ConfigError, FrenzyError
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.marp.analytic import predict as analytic_predict
+from frenzyd.marp.calibration import MIN_RUNS, Calibration, OverheadCorrection, load_calibration
 from frenzyd.marp.model import fmt_params, load_model
-from frenzyd.marp.plans import DEFAULT_HEADROOM, require_plans
+from frenzyd.marp.plans import CALIBRATED_TORCH, DEFAULT_HEADROOM, require_plans
 from frenzyd.marp.spec import (
     DTYPE_MODES,
     OPTIMIZERS,
@@ -74,7 +75,9 @@ def register(sub: Any) -> None:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="whose kernels/autocast the analytic method models",
+        help="whose kernels/autocast the analytic method models (compare a prediction only with a run "
+        "on the same device: e.g. fp32 with grouped K/V heads takes SDPA's math kernel on CUDA, "
+        "the flash kernel on the CPU); the trace method always runs the CPU path",
     )
     p.add_argument(
         "--gpus",
@@ -87,6 +90,19 @@ def register(sub: Any) -> None:
         type=float,
         default=DEFAULT_HEADROOM,
         help="a plan fits when bytes_per_gpu x (1 + headroom) <= GPU memory",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="a MARP calibration file (frenzyd.marp.calibration): raises a GPU type's runtime overhead "
+        f"where at least {MIN_RUNS} GPU runs of this model family and torch version were measured",
+    )
+    p.add_argument(
+        "--torch-version",
+        default=None,
+        help="torch version whose calibration applies (default: the installed torch, else "
+        f"{CALIBRATED_TORCH})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_run)
@@ -146,7 +162,7 @@ def _setup(args: argparse.Namespace) -> TrainingSetup:
 
 def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Prediction:
     if args.method == "analytic":
-        return analytic_predict(model, setup, device=args.device)
+        return analytic_predict(model, setup, device=args.device, per_rank=True)
     try:
         from frenzyd.marp.trace import predict_trace
     except ImportError as exc:
@@ -157,13 +173,80 @@ def _predict(args: argparse.Namespace, model: Any, setup: TrainingSetup) -> Pred
     return result
 
 
-def to_json(pred: Prediction, plans: list[Plan] | None) -> dict[str, Any]:
-    """The DESIGN.md §6 object (``plans`` only when a GPU list was given)."""
+def _torch_version(args: argparse.Namespace) -> str:
+    if args.torch_version:
+        return str(args.torch_version)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return CALIBRATED_TORCH
+
+
+def corrections(
+    cal: Calibration, model: Any, torch_version: str, pools: list[GpuPool] | None
+) -> list[OverheadCorrection]:
+    """The calibration's verdict per GPU type: those of ``--gpus``, else every type the file knows."""
+    if pools is not None:
+        types = [p.gpu_type for p in pools]
+    else:
+        types = sorted({k.gpu_type for k in cal.calibrated_keys() if k.family == model.family})
+    return [cal.correction(t, model.family, torch_version) for t in types]
+
+
+def calibration_json(path: str, corr: list[OverheadCorrection], family: str, torch: str) -> dict[str, Any]:
+    return {
+        "file": path,
+        "family": family,
+        "torch": torch,
+        "corrections": [
+            {
+                "gpu_type": c.key.gpu_type,
+                "applies": c.applies,
+                "runs": c.runs,
+                "cpu_runs_ignored": c.cpu_runs_ignored,
+                "extra_overhead_fraction": c.extra_overhead_fraction,
+            }
+            for c in corr
+        ],
+    }
+
+
+def calibration_lines(path: str, corr: list[OverheadCorrection], family: str, torch: str) -> list[str]:
+    lines = ["", f"calibration {path} ({family}, torch {torch}):"]
+    if not corr:
+        lines.append("  no entries for this model family and torch version: no correction applies")
+    for c in corr:
+        ignored = f"; {c.cpu_runs_ignored} CPU runs ignored" if c.cpu_runs_ignored else ""
+        if c.applies:
+            lines.append(
+                f"  {c.key.gpu_type:<12} correction applies, from {c.runs} runs: runtime overhead raised by "
+                f"{100 * c.extra_overhead_fraction:.1f} % of the tensor peak{ignored}"
+            )
+        else:
+            lines.append(
+                f"  {c.key.gpu_type:<12} no correction: {c.runs} GPU runs, {MIN_RUNS} needed{ignored}"
+            )
+    return lines
+
+
+def to_json(pred: Prediction, plans: list[Plan] | None, *, device: str = "cuda") -> dict[str, Any]:
+    """The DESIGN.md §6 object (``plans`` only when a GPU list was given).
+
+    Beyond §6: ``device`` (whose kernels were modelled), ``method`` and
+    ``per_rank_peak_bytes``, one peak per rank of the plan (rank = (stage x dp
+    + d) x tp + t), so that a prediction can be compared rank by rank with a run
+    on the same device.
+    """
     bd = pred.breakdown
     out: dict[str, Any] = {
         "model": pred.model,
         "params": pred.params,
+        "device": device,
+        "method": pred.method,
         "peak_bytes": pred.peak_bytes,
+        "per_rank_peak_bytes": list(pred.rank_peaks) if pred.rank_peaks else [pred.peak_bytes],
         "peak_phase": pred.peak_phase,
         "breakdown": {
             "parameters": bd.parameters,
@@ -197,7 +280,9 @@ def _gib(n: int) -> str:
     return f"{n / GIB:8.2f}"
 
 
-def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, headroom: float) -> str:
+def render(
+    pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, headroom: float, device: str = "cuda"
+) -> str:
     """A readable report: breakdown at the peak, per-phase peaks, plans table."""
     bd = pred.breakdown
     lines = [
@@ -205,7 +290,7 @@ def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, hea
         f"plan dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}  "
         f"micro-batch {setup.micro_batch} x "
         f"grad-accum {setup.grad_accum}  seq {setup.seq_len}  {setup.dtype}  {setup.optimizer}  "
-        f"recompute {setup.recompute}  [{pred.method}]",
+        f"recompute {setup.recompute}  [{pred.method}, {device} kernels]",
         f"peak tensor memory of the worst rank: {pred.peak_bytes / GIB:.2f} GiB at {pred.peak_phase} "
         "(no runtime overhead)",
         "",
@@ -214,6 +299,15 @@ def render(pred: Prediction, setup: TrainingSetup, plans: list[Plan] | None, hea
     for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"):
         lines.append(f"  {name:<12} {_gib(getattr(bd, name))}")
     lines.append(f"  {'total':<12} {_gib(bd.total)}")
+    ranks = pred.rank_peaks
+    if len(ranks) > 1:
+        per_stage = len(ranks) // setup.pp
+        lines += ["", "  per-rank peaks   GiB"]
+        for k in range(setup.pp):
+            first, last = k * per_stage, (k + 1) * per_stage - 1
+            who = f"rank {first}" if first == last else f"ranks {first}-{last}"
+            stage = f" (stage {k})" if setup.pp > 1 else ""
+            lines.append(f"  {who + stage:<24} {_gib(ranks[first])}")
     if pred.phases:
         lines += ["", "  phase peaks      GiB"]
         for ph in PHASES:
@@ -244,10 +338,26 @@ def _run(args: argparse.Namespace) -> int:
     setup = _setup(args)
     validate(model, setup)
     pools = parse_gpus(args.gpus) if args.gpus is not None else None
+    cal = load_calibration(args.calibration) if args.calibration is not None else None
+    torch_version = _torch_version(args)
     pred = _predict(args, model, setup)
-    plans = require_plans(model, setup, pools, headroom=args.headroom) if pools is not None else None
+    plans = (
+        require_plans(
+            model, setup, pools, headroom=args.headroom, calibration=cal, torch_version=torch_version
+        )
+        if pools is not None
+        else None
+    )
+    device = args.device if args.method == "analytic" else "cpu"
+    corr = corrections(cal, model, torch_version, pools) if cal is not None else None
     if args.json:
-        print(json.dumps(to_json(pred, plans)))
+        obj = to_json(pred, plans, device=device)
+        if corr is not None:
+            obj["calibration"] = calibration_json(args.calibration, corr, model.family, torch_version)
+        print(json.dumps(obj))
     else:
-        print(render(pred, setup, plans, args.headroom))
+        text = render(pred, setup, plans, args.headroom, device)
+        if corr is not None:
+            text += "\n" + "\n".join(calibration_lines(args.calibration, corr, model.family, torch_version))
+        print(text)
     return 0

@@ -139,7 +139,7 @@ class Daemon:
         now = time.monotonic()
         for rec in self.net.table.records():
             if rec.node_id != self.node_id and self.net.table.is_alive(rec.node_id, now):
-                peers[rec.node_id] = {**rec.report, "name": rec.name, "address": rec.address}
+                peers[rec.node_id] = {**rec.report.to_dict(), "name": rec.name, "address": rec.address}
         return ClusterView(election.coordinator, election.term, peers)
 
     def status(self) -> dict[str, Any]:
@@ -156,7 +156,7 @@ class Daemon:
                 continue
             names[rec.node_id] = rec.name
             alive = self.net.table.is_alive(rec.node_id, now)
-            peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, rec.report))
+            peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, rec.report.to_dict()))
         coord = election.coordinator
         return build_status(
             node_id=self.node_id, node_name=self.creds.node_name, term=election.term,

@@ -10,7 +10,11 @@ analytic method's ``AnalyticConstants`` are fitted on a seeded part of the grid
 and scored on the held-out rest.  Published baselines (``frenzyd.marp.baselines``)
 are scored on what each claims to model.
 
-    python scripts/bench_marp.py [--tiny] [--out PATH] [--seed N] [--cache PATH]
+    python scripts/bench_marp.py [--tiny] [--out PATH] [--seed N] [--cache PATH] [--heldout-seed S ...]
+
+``--heldout-seed S`` (repeatable) also draws ``--heldout-n`` random
+configurations (``frenzyd.marp.heldout``), runs each for real and scores the
+analytic method, with the constants fitted on the fixed grid, on them.
 
 Measurements are cached in ``bench-results/marp-cache.json`` keyed by the
 configuration and the torch/transformers versions, so reruns are cheap.
@@ -39,6 +43,7 @@ from benchmeta import provenance, write_results  # noqa: E402
 
 from frenzyd.errors import FrenzyError  # noqa: E402
 from frenzyd.marp import baselines as B  # noqa: E402
+from frenzyd.marp.heldout import HeldOutConfig, draw_grid  # noqa: E402
 from frenzyd.marp.model import load_model, spec_from_config  # noqa: E402
 from frenzyd.marp.spec import GpuPool, ModelSpec, TrainingSetup  # noqa: E402
 from frenzyd.marp.trace import Measurement, measure_real, trace_measurement  # noqa: E402
@@ -146,9 +151,15 @@ SYNTHETIC: dict[str, dict[str, Any]] = {
 }
 
 
+HELDOUT_MODELS: dict[str, dict[str, Any]] = {}
+"""The random held-out draws' models, by name (filled by ``heldout_grid``)."""
+
+
 def model_spec(name: str) -> ModelSpec:
     if name in SYNTHETIC:
         return spec_from_config(dict(SYNTHETIC[name]), name=name)
+    if name in HELDOUT_MODELS:
+        return spec_from_config(dict(HELDOUT_MODELS[name]), name=name)
     return load_model(name)  # presets keep their published dropout (GPT-2: 0.1)
 
 
@@ -247,6 +258,15 @@ def full_grid() -> list[Config]:
         Config("gpt2-large", _ts(1024, 4, "bf16-mixed", dp=2, zero=0), t),
     ]
     return g
+
+
+def heldout_grid(seed: int, n: int, *, tiny: bool) -> list[tuple[Config, HeldOutConfig]]:
+    """The seeded random draws as bench configurations (truth: real runs)."""
+    out = []
+    for d in draw_grid(seed, n, tiny=tiny):
+        HELDOUT_MODELS[d.name] = d.hf_config
+        out.append((Config(d.name, d.setup, "real"), d))
+    return out
 
 
 # --------------------------------------------------------------------------- measuring (cached)
@@ -484,7 +504,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads for real runs")
     ap.add_argument("--cached-only", action="store_true", help="skip configurations not in the cache yet")
     ap.add_argument("--markdown", type=Path, help="also write the tables as Markdown (for the README)")
+    ap.add_argument(
+        "--heldout-seed",
+        type=int,
+        action="append",
+        default=None,
+        help="also score a random held-out grid drawn with this seed (repeatable; --tiny: default 0)",
+    )
+    ap.add_argument(
+        "--heldout-n", type=int, default=None, help="draws per held-out seed (default 40; --tiny: 5)"
+    )
     args = ap.parse_args(argv)
+    heldout_seeds = args.heldout_seed if args.heldout_seed is not None else ([0] if args.tiny else [])
+    heldout_n = args.heldout_n if args.heldout_n is not None else (5 if args.tiny else 40)
+    if heldout_n < 1:
+        ap.error("--heldout-n must be at least 1")
     prov = provenance()
 
     import torch
@@ -658,6 +692,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace licensed as truth for large rows: {trace_licensed}")
     print(f"fit: {fit_info}")
 
+    heldout: dict[str, Any] = {}
+    for hs in heldout_seeds:
+        heldout[str(hs)] = run_heldout(
+            cache, analytic, constants, hs, heldout_n, tiny=args.tiny, cached_only=args.cached_only
+        )
+
     sp = speed(analytic)
     print(f"speed: {sp}")
     wall = time.perf_counter() - t_start
@@ -665,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(_markdown(rows, summ, sp))
+        args.markdown.write_text(_markdown(rows, summ, sp) + _heldout_markdown(heldout))
         print(f"wrote {args.markdown}")
     if args.out:
         out = {
@@ -677,12 +717,145 @@ def main(argv: list[str] | None = None) -> int:
             "trace_licensed": trace_licensed,
             "summary": summ,
             "speed": sp,
+            "heldout": heldout,
             "wall_s": wall,
             "rows": [_row_json(r) for r in rows],
         }
         write_results(args.out, out, prov)
         print(f"wrote {args.out}")
     return 0
+
+
+HELDOUT_TARGETS = {"mean_accuracy": 0.98, "min_accuracy": 0.95, "worst_under": -0.02}
+
+
+def run_heldout(
+    cache: Cache, analytic: Any, constants: Any, seed: int, n: int, *, tiny: bool, cached_only: bool
+) -> dict[str, Any]:
+    """Measure the seeded random draws for real, score the analytic method (fitted and default constants)."""
+    print()
+    print(f"random held-out grid, seed {seed}, {n} draws{' (tiny)' if tiny else ''}:")
+    rows: list[dict[str, Any]] = []
+    for cfg, draw in heldout_grid(seed, n, tiny=tiny):
+        if cached_only and cache.get(cfg, "real") is None:
+            continue
+        spec = model_spec(cfg.model)
+        row: dict[str, Any] = {
+            "config": cfg.key,
+            "model": cfg.model,
+            "hf_config": draw.hf_config,
+            "setup": dataclasses.asdict(cfg.setup),
+            "quota": draw.quota,
+        }
+        try:
+            real = measure(cache, cfg, "real")
+        except FrenzyError as e:
+            print(f"  FAILED {cfg.key}: {e}", flush=True)
+            row["error"] = str(e)
+            rows.append(row)
+            continue
+        row.update(params=real.params, measured=real.peak_bytes, measured_phase=real.peak_phase)
+        if analytic is not None:
+            a = predict_analytic(analytic, spec, cfg.setup, constants)
+            d = predict_analytic(analytic, spec, cfg.setup, analytic.DEFAULT_CONSTANTS)
+            cu = analytic.predict(spec, cfg.setup, constants=constants)
+            row.update(
+                analytic=a.peak_bytes,
+                analytic_phase=a.peak_phase,
+                analytic_default=d.peak_bytes,
+                analytic_cuda=cu.peak_bytes,
+                accuracy=acc(a.peak_bytes, real.peak_bytes),
+                accuracy_default=acc(d.peak_bytes, real.peak_bytes),
+            )
+        rows.append(row)
+    ok = [r for r in rows if "accuracy" in r]
+    hdr = (
+        f"{'configuration':64s} {'params':>7s} {'Q':1s} {'measured MiB':>12s} {'analytic MiB':>12s} "
+        f"{'acc':>8s} {'u/o':>5s} {'default acc':>11s}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['config']:64s} FAILED: {r['error'][:80]}")
+            continue
+        uo = "under" if r["analytic"] < r["measured"] else "over"
+        print(
+            f"{r['config']:64s} {r['params'] / 1e6:6.1f}M {'Q' if r['quota'] else ' '} "
+            f"{_mib(r['measured']):>12s} {_mib(r['analytic']):>12s} {_pct(r['accuracy']):>8s} {uo:>5s} "
+            f"{_pct(r['accuracy_default']):>11s}"
+        )
+    summ = summary([(r["analytic"], r["measured"]) for r in ok])
+    summ_default = summary([(r["analytic_default"], r["measured"]) for r in ok])
+    summ_quota = summary([(r["analytic"], r["measured"]) for r in ok if r["quota"]])
+    met = bool(ok) and len(ok) == len(rows) and all(summ[k] >= v for k, v in HELDOUT_TARGETS.items())
+    for label, v in (
+        ("fitted constants", summ),
+        ("default constants", summ_default),
+        ("LLaMA fp32 GQA quota", summ_quota),
+    ):
+        if v.get("n"):
+            print(
+                f"  {label:22s} n={v['n']:3d} mean {_pct(v['mean_accuracy'])} min {_pct(v['min_accuracy'])} "
+                f"worst under {_pct(v['worst_under'])}"
+            )
+    print(
+        f"  targets (mean >= 98 %, every config >= 95 %, no under-prediction beyond 2 %): "
+        f"{'met' if met else 'NOT met'}"
+    )
+    return {
+        "seed": seed,
+        "n": n,
+        "tiny": tiny,
+        "targets": HELDOUT_TARGETS,
+        "targets_met": met,
+        "summary": summ,
+        "summary_default_constants": summ_default,
+        "summary_quota": summ_quota,
+        "rows": rows,
+    }
+
+
+def _heldout_markdown(heldout: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for seed, h in heldout.items():
+        lines += [
+            "",
+            f"Random held-out grid, seed {seed} ({h['n']} draws, `Q` = LLaMA fp32 GQA quota):",
+            "",
+            "| configuration | params | Q | measured MiB | analytic MiB | accuracy | under/over "
+            "| default constants |",
+            "|---|---:|---|---:|---:|---:|---|---:|",
+        ]
+        for r in h["rows"]:
+            if "error" in r:
+                key = r["config"].replace("|", " ")
+                lines.append(f"| `{key}` | | | FAILED: {r['error'][:60]} | | | | |")
+                continue
+            uo = "under" if r["analytic"] < r["measured"] else "over"
+            lines.append(
+                f"| `{r['config'].replace('|', ' ')}` | {r['params'] / 1e6:.1f}M "
+                f"| {'Q' if r['quota'] else ''} | {r['measured'] / 2**20:.1f} | {r['analytic'] / 2**20:.1f} "
+                f"| {_md_pct(r['accuracy'])} | {uo} "
+                f"| {_md_pct(r['accuracy_default'])} |"
+            )
+        lines += [
+            "",
+            "| summary | n | mean accuracy | min accuracy | worst under-prediction |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for label, key in (
+            ("fitted constants", "summary"),
+            ("default constants", "summary_default_constants"),
+            ("LLaMA fp32 GQA quota", "summary_quota"),
+        ):
+            v = h[key]
+            if v.get("n"):
+                lines.append(
+                    f"| {label} | {v['n']} | {_md_pct(v['mean_accuracy'])} | {_md_pct(v['min_accuracy'])} "
+                    f"| {_md_pct(v['worst_under'])} |"
+                )
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def _md_pct(a: float | None) -> str:

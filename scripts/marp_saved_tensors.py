@@ -5,7 +5,7 @@ The tool behind ``frenzyd/marp/activations.py``: after a torch or transformers
 upgrade, rerun it and compare the per-layer bytes with the formulas there.
 
     python scripts/marp_saved_tensors.py --model tiny-llama --seq-len 256 --micro-batch 2 \
-        --dtype bf16-mixed [--layer 1] [--recompute]
+        --dtype bf16-mixed [--layer 1] [--recompute] [--sdpa-backend math]
 
 Runs on the CPU with real tensors (keep the model small).  Each storage is
 listed once, under the module that first saved it; parameters are skipped.
@@ -14,6 +14,7 @@ listed once, under the module that first saved it; parameters are skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -30,9 +31,16 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("fp32", "bf16", "bf16-mixed"), default="fp32")
     ap.add_argument("--layer", type=int, default=1, help="decoder layer to list in detail")
     ap.add_argument("--recompute", action="store_true", help="HF gradient checkpointing per layer")
+    ap.add_argument(
+        "--sdpa-backend",
+        choices=("flash", "efficient", "math"),
+        default=None,
+        help="force the attention kernel (math: what a CUDA fp32 run with grouped K/V heads takes)",
+    )
     args = ap.parse_args()
 
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from frenzyd.marp.activations import layer_bytes
@@ -72,7 +80,13 @@ def main() -> int:
         return t
 
     ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq_len))
+    forced = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }.get(args.sdpa_backend)
     with (
+        sdpa_kernel([forced]) if forced is not None else contextlib.nullcontext(),
         torch.autocast("cpu", torch.bfloat16, enabled=args.dtype == "bf16-mixed"),
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
     ):
@@ -87,7 +101,7 @@ def main() -> int:
             per_layer += nbytes
             print(f"{mod:48s} {shape!s:28s} {dt:16s} {nbytes:>12,}")
     tokens = args.micro_batch * args.seq_len
-    lb = layer_bytes(spec, args.dtype, "cpu", args.seq_len)
+    lb = layer_bytes(spec, args.dtype, "cpu", args.seq_len, kernel=args.sdpa_backend)
     predicted = int(tokens * (lb.per_token + args.seq_len * lb.per_token_s)) + lb.weight_copies
     print(
         f"layer {args.layer}: {per_layer:,} bytes saved; activations.py predicts {predicted:,} "

@@ -47,6 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "frenzyd.api": {"frenzyd.jobs", "frenzyd.config"},
     "frenzyd.config": {"frenzyd.net"},
     "frenzyd.examples": set(),
+    "frenzyd.trainer": {"frenzyd.marp"},
     "frenzy_client": {"frenzyd.marp", "frenzyd.has", "frenzyd.sim", "frenzyd.config", "frenzyd.net",
                       "frenzyd.jobs"},
 }

@@ -1,4 +1,4 @@
-"""Policy names: the built-in ``frenzy``/``sia``/``gavel``/``fifo`` and outside ``module:attr`` objects."""
+"""Policy names: the built-ins (frenzy, sia, gavel, fifo, tiresias, srtf) and outside ``module:attr``."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.has.gavel import GavelPolicy
 from frenzyd.has.interface import Decision, Policy, Snapshot
 from frenzyd.has.sia import DEFAULT_TIME_LIMIT_S, SiaPolicy
+from frenzyd.has.srtf import SrtfPolicy
+from frenzyd.has.tiresias import TiresiasPolicy
 
 BUILTIN: dict[str, Callable[[], Policy]] = {
     "frenzy": FrenzyPolicy,
     "sia": SiaPolicy,
     "gavel": GavelPolicy,
     "fifo": FifoPolicy,
+    "tiresias": TiresiasPolicy,
+    "srtf": SrtfPolicy,
 }
 
 

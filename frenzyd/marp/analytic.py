@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frenzyd.marp import model as M
-from frenzyd.marp.activations import Device, layer_bytes
+from frenzyd.marp.activations import AttnKernel, Device, layer_bytes
 from frenzyd.marp.spec import Breakdown, ModelSpec, Phase, Prediction, TrainingSetup
 from frenzyd.marp.validate import validate
 
@@ -64,25 +64,35 @@ def predict(
     constants: AnalyticConstants = DEFAULT_CONSTANTS,
     device: Device = "cuda",
     check: bool = True,
+    sdpa_backend: AttnKernel | None = None,
+    per_rank: bool = False,
 ) -> Prediction:
     """Peak tensor bytes of the worst rank of ``setup``'s plan over a steady-state step.
 
     ``device`` picks whose kernels and autocast are modelled ("cuda" by
     default; "cpu" for scoring against CPU runs).  Raises ConfigError/PlanError
     (via :func:`frenzyd.marp.validate.validate`) when the setup is impossible.
-    No runtime overhead is included (see ``overhead.py``).
+    No runtime overhead is included (see ``overhead.py``).  ``sdpa_backend``
+    forces the attention kernel (as ``torch.nn.attention.sdpa_kernel`` does);
+    by default the one torch selects on ``device`` is modelled.  ``per_rank``
+    evaluates every pipeline stage (not only the first and last, the extremes)
+    and fills ``rank_peaks`` with one peak per rank of the plan.
     """
     if check:
         validate(model, setup)
     best: tuple[int, Phase, Breakdown] | None = None
     phases: dict[str, int] = {}
-    for stage in _stages(setup.pp):
-        for phase, bd in _stage_phases(model, setup, constants, device, stage):
+    stage_peaks: list[int] = []
+    for stage in range(setup.pp) if per_rank else _stages(setup.pp):
+        stage_peak = 0
+        for phase, bd in _stage_phases(model, setup, constants, device, stage, sdpa_backend=sdpa_backend):
             total = bd.total
+            stage_peak = max(stage_peak, total)
             if total > phases.get(phase, -1):
                 phases[phase] = total
             if best is None or total > best[0]:
                 best = (total, phase, bd)
+        stage_peaks.append(stage_peak)
     assert best is not None
     peak, phase, bd = best
     if constants.safety != 1.0:
@@ -91,6 +101,11 @@ def predict(
         peak += extra
         phases = {k: int(v * constants.safety) for k, v in phases.items()}
         phases[phase] = peak
+        stage_peaks = [int(v * constants.safety) for v in stage_peaks]
+        stage_peaks[stage_peaks.index(max(stage_peaks))] = peak
+    rank_peaks: tuple[int, ...] = ()
+    if per_rank:  # ranks of one stage are symmetric (dp replicas / shards, tp shards)
+        rank_peaks = tuple(v for v in stage_peaks for _ in range(setup.dp * setup.tp))
     return Prediction(
         model=model.name,
         params=M.param_count(model),
@@ -99,6 +114,7 @@ def predict(
         breakdown=bd,
         method="analytic",
         phases=phases,
+        rank_peaks=rank_peaks,
     )
 
 
@@ -114,6 +130,8 @@ def _stage_phases(
     c: AnalyticConstants,
     device: Device,
     stage: int,
+    *,
+    sdpa_backend: AttnKernel | None = None,
 ) -> list[tuple[Phase, Breakdown]]:
     """The candidate peak moments of one pipeline stage, each as a Breakdown, tagged with its phase."""
     pb, ab, lb = _dtype_bytes(setup.dtype)
@@ -147,7 +165,7 @@ def _stage_phases(
     ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
 
     # --- activations ----------------------------------------------------------------------------
-    lbytes = layer_bytes(spec, setup.dtype, device, s, tp)
+    lbytes = layer_bytes(spec, setup.dtype, device, s, tp, kernel=sdpa_backend)
     layer_act = int(sb * (lbytes.per_token + s * lbytes.per_token_s)) + lbytes.weight_copies
     kept_layer = sb * lbytes.residual if recompute else layer_act  # checkpointing keeps the layer input
     pre = _pre_bytes(spec, setup, device, first)
@@ -171,8 +189,30 @@ def _stage_phases(
     if lbytes.score_per_token_s:
         # math kernel: by the attention's backward the MLP's activations are freed, and one gradient
         # of a b·a·s² probability matrix is alive at a time
-        attn_temp = sb * (s * lbytes.score_per_token_s - lbytes.mlp_per_token + ab * c.bwd_temp_h * h)
+        if lbytes.math_fwd_scores:
+            # no dropout: the probabilities' and the scores' gradients at once, beside the output's and
+            # V's gradients; everything saved after the attention (MLP, second norm) is freed by then
+            attn_temp = sb * (
+                s * lbytes.score_per_token_s * lbytes.math_bwd_scores
+                - lbytes.after_attn_per_token
+                + lbytes.math_bwd_per_token
+            )
+        else:
+            attn_temp = sb * (s * lbytes.score_per_token_s - lbytes.mlp_per_token + ab * c.bwd_temp_h * h)
         bwd_temp = max(bwd_temp, int(attn_temp))
+    # math kernel without dropout (CUDA fp32 with grouped K/V heads): inside the last layer's
+    # attention its MLP has not run yet, and the kernel's score-sized intermediates are alive
+    math_fwd: tuple[int, int] | None = None
+    if lbytes.math_fwd_scores:
+        transient = int(
+            sb * (s * lbytes.score_per_token_s * lbytes.math_fwd_scores + lbytes.math_fwd_per_token)
+            + lbytes.math_fwd_per_s2 * s * s
+        )
+        if recompute:  # the checkpointed layer's attention intermediates, probabilities included
+            attn_part = int(sb * (lbytes.per_token - lbytes.after_attn_per_token + s * lbytes.per_token_s))
+            math_fwd = (stage_act, attn_part + transient)
+        else:
+            math_fwd = (stage_act - int(sb * lbytes.after_attn_per_token), transient)
     if setup.dtype == "bf16-mixed":
         bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
     if recompute:
@@ -225,6 +265,19 @@ def _stage_phases(
             ),
         ),
     ]
+    if math_fwd is not None:
+        out.append(
+            (
+                "forward",
+                Breakdown(
+                    params + gathered_all + cache + stage_wc,
+                    grads_early,
+                    opt_bytes,
+                    math_fwd[0] - stage_wc,
+                    math_fwd[1],
+                ),
+            )
+        )
     if last:
         # the final norm ends the forward phase
         norm_saved = _final_norm_bytes(spec, setup)

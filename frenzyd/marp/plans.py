@@ -28,6 +28,7 @@ from frenzyd.errors import InfeasibleError
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.marp import model as M
 from frenzyd.marp.analytic import DEFAULT_CONSTANTS, AnalyticConstants, predict
+from frenzyd.marp.calibration import Calibration
 from frenzyd.marp.overhead import overhead_bytes
 from frenzyd.marp.spec import GpuPool, ModelSpec, Plan, TrainingSetup
 from frenzyd.marp.validate import validate
@@ -61,6 +62,10 @@ class _Shape:
     dp: int
     tp: int
     pp: int
+
+
+CALIBRATED_TORCH = "2.13"
+"""The torch version MARP's predictions were validated for: the default calibration key."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -132,10 +137,20 @@ def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> li
 
 
 def _bytes_per_gpu(
-    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants
+    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants, extra: float = 0.0
 ) -> int:
     peak = predict(model, setup, constants=constants, check=False).peak_bytes
-    return peak + overhead_bytes(gpu_type, peak, setup.world_size)
+    return peak + overhead_bytes(gpu_type, peak, setup.world_size) + int(extra * peak)
+
+
+def _overhead_raise(
+    calibration: Calibration | None, gpu_type: str, model: ModelSpec, torch_version: str
+) -> float:
+    """The calibration's raise of the runtime overhead of ``gpu_type``, as a fraction of the tensor peak."""
+    if calibration is None:
+        return 0.0
+    c = calibration.correction(gpu_type, model.family, torch_version)
+    return c.extra_overhead_fraction if c.applies else 0.0
 
 
 def feasible_plans(
@@ -146,11 +161,15 @@ def feasible_plans(
     headroom: float = DEFAULT_HEADROOM,
     max_gpus: int | None = None,
     constants: AnalyticConstants = DEFAULT_CONSTANTS,
+    calibration: Calibration | None = None,
+    torch_version: str = CALIBRATED_TORCH,
 ) -> list[Plan]:
     """Feasible plans of the job over ``pools``, best (fastest) first; at most one per (type, GPU count).
 
     Only ``setup``'s job shape is used (seq_len, dtype, optimizer, recompute,
-    effective global batch); its dp/tp/pp/zero/micro_batch are ignored.
+    effective global batch); its dp/tp/pp/zero/micro_batch are ignored.  A
+    ``calibration`` raises each type's runtime overhead where its correction
+    applies (for the model's family and ``torch_version``).
     Raises ConfigError for an impossible job shape; returns [] when nothing fits.
     """
     global_batch = setup.effective_global_batch
@@ -161,6 +180,7 @@ def feasible_plans(
         limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
         per_node = pool.gpus_per_node or pool.count
         budget = pool.memory_bytes / (1.0 + headroom)
+        extra = _overhead_raise(calibration, pool.gpu_type, model, torch_version)
         for gpus in range(1, limit + 1):
             best: Plan | None = None
             for shape in _shapes(model, gpus, per_node, global_batch):
@@ -170,9 +190,9 @@ def feasible_plans(
                 # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
                 # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
                 probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
-                if _bytes_per_gpu(model, probe, pool.gpu_type, constants) > budget and (
+                if _bytes_per_gpu(model, probe, pool.gpu_type, constants, extra) > budget and (
                     shape.dp == 1
-                    or _bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants) > budget
+                    or _bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants, extra) > budget
                 ):
                     continue
                 for zero in zeros:
@@ -182,7 +202,7 @@ def feasible_plans(
                     while lo <= hi:  # memory grows with the micro-batch: binary search
                         mid = (lo + hi) // 2
                         cand = replace(probe, micro_batch=micros[mid], zero=zero)
-                        b = _bytes_per_gpu(model, cand, pool.gpu_type, constants)
+                        b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra)
                         if b <= budget:
                             fit = (cand, b)
                             lo = mid + 1
@@ -239,9 +259,19 @@ def require_plans(
     *,
     headroom: float = DEFAULT_HEADROOM,
     max_gpus: int | None = None,
+    calibration: Calibration | None = None,
+    torch_version: str = CALIBRATED_TORCH,
 ) -> list[Plan]:
     """Like :func:`feasible_plans`, but raise InfeasibleError (saying what is needed) when none fits."""
-    plans = feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus)
+    plans = feasible_plans(
+        model,
+        setup,
+        pools,
+        headroom=headroom,
+        max_gpus=max_gpus,
+        calibration=calibration,
+        torch_version=torch_version,
+    )
     if plans:
         return plans
     if not pools:
@@ -249,7 +279,8 @@ def require_plans(
     most = max(p.count for p in pools) if max_gpus is None else min(max_gpus, max(p.count for p in pools))
     need = min_bytes_per_gpu(model, setup, most)
     largest = max(pools, key=lambda p: p.memory_bytes)
-    need_total = need + overhead_bytes(largest.gpu_type, need, most)
+    extra = _overhead_raise(calibration, largest.gpu_type, model, torch_version)
+    need_total = need + overhead_bytes(largest.gpu_type, need, most) + int(extra * need)
     raise InfeasibleError(
         f"{model.name} needs at least {need_total * (1 + headroom) / GIB:.1f} GiB per GPU with the most "
         f"sharded plan over {most} GPUs (tensors {need / GIB:.1f} GiB + runtime overhead, "

@@ -118,6 +118,9 @@ class Prediction:
     method: Literal["analytic", "trace"] = "analytic"
     phases: dict[str, int] = field(default_factory=dict, compare=False)
     """Peak bytes of each phase, where the method knows them."""
+    rank_peaks: tuple[int, ...] = field(default=(), compare=False)
+    """Peak bytes of every rank of the plan, where asked for: rank = (stage x dp + d) x tp + t
+    (pipeline outermost, tensor parallelism innermost, as a DeviceMesh ``("pp", "dp", "tp")``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 TXT records carry hints only (``id`` node id, ``pool`` pool id = CA fingerprint,
 ``api`` peer API port, ``proto`` wire protocol version); mDNS is unauthenticated,
 so a discovered peer is just an address until it proves pool membership over TLS
-(``frenzyd.net.network``).  Liveness never comes from here: zeroconf caches records for
+(``frenzyd.net.transport``).  Liveness never comes from here: zeroconf caches records for
 long and does not notice a crashed peer.  Malformed announcements are dropped and
 counted (``dropped`` by reason); the number of services tracked is capped.
 This is the only module that imports zeroconf.

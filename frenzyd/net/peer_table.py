@@ -9,9 +9,9 @@ not answer.  Both take the time as an argument; nothing here reads a clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from frenzyd.errors import AuthError
+from frenzyd.net.messages import Heartbeat, HeartbeatReport
 
 MAX_ADDRESSES = 1024
 """Cap on remembered addresses, so a flood of mDNS announcements cannot grow memory."""
@@ -27,7 +27,7 @@ class PeerRecord:
     priority: int
     term: int
     coordinator: str | None
-    report: dict[str, Any]
+    report: HeartbeatReport
     first_seen: float
     last_seen: float
 
@@ -39,28 +39,28 @@ class PeerTable:
         self.timeout_s = timeout_s
         self._peers: dict[str, PeerRecord] = {}
 
-    def heard(self, body: dict[str, Any], now: float) -> tuple[PeerRecord, bool]:
-        """Record a heartbeat body (already authenticated); return the record and whether it is new
+    def heard(self, hb: Heartbeat, now: float) -> tuple[PeerRecord, bool]:
+        """Record a heartbeat (already authenticated); return the record and whether it is new
         or came back from the dead.
 
         A node id is live at one address at a time: while a node is alive at one address, a
         heartbeat naming another raises ``AuthError("duplicate_node")`` (a second daemon started
         with the same credentials); the other address is accepted once the first falls silent.
         """
-        node_id = body["node_id"]
+        node_id = hb.node_id
         old = self._peers.get(node_id)
         revived = old is None or not self.is_alive(node_id, now)
-        if old is not None and not revived and old.address and body["address"] != old.address:
+        if old is not None and not revived and old.address and hb.address != old.address:
             raise AuthError("duplicate_node", f"node {node_id[:12]} is live at {old.address}; refusing "
-                            f"the same node id at {body['address']} (two daemons with one identity?)")
+                            f"the same node id at {hb.address} (two daemons with one identity?)")
         rec = PeerRecord(
             node_id=node_id,
-            name=body["name"],
-            address=body["address"],
-            priority=body["priority"],
-            term=body["term"],
-            coordinator=body.get("coordinator"),
-            report=body.get("report") or {},
+            name=hb.name,
+            address=hb.address,
+            priority=hb.priority,
+            term=hb.term,
+            coordinator=hb.coordinator,
+            report=hb.report,
             first_seen=old.first_seen if old is not None and not revived else now,
             last_seen=now,
         )

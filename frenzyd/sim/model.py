@@ -45,6 +45,26 @@ class JobOutcome:
     first_start_s: float | None
     restarts: int
     oom_failures: int
+    gpu_types: tuple[str, ...] = ()
+    """The GPU type of every placement, in order (a start, a restart after a stop, a move)."""
+    lost_s: float = 0.0
+    """Progress seconds lost to stops (``sim.preemption``), in all."""
+
+    def as_json(self) -> dict[str, object]:
+        """One entry of ``simulate --per-job`` / the JSON ``jobs`` list."""
+        done = self.state == "completed"
+        return {
+            "id": self.job_id,
+            "state": self.state,
+            "arrival_s": self.arrival_s,
+            "start_s": self.first_start_s,
+            "finish_s": self.end_s if done else None,
+            "jct_s": self.end_s - self.arrival_s if done else None,
+            "restarts": self.restarts,
+            "oom_failures": self.oom_failures,
+            "gpu_types": list(dict.fromkeys(self.gpu_types)),
+            "lost_s": self.lost_s,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,12 @@ Scheduling rounds happen at every arrival, completion and failure, and every
 ``policy.round_s`` seconds for round-based policies (Sia 60 s, Gavel 360 s).
 A round tick is skipped only at a fixpoint: nothing happened since the last
 round and that round changed nothing (the policy would see the same jobs,
-placements and free GPUs, only a later clock).  Every placement costs the
+placements and free GPUs, only a later clock), unless the policy sets
+``time_driven = True`` (its decisions change with the clock alone).  Every placement costs the
 job's restart cost (start-up plus checkpoint read, ``has.speed``) before it
-makes progress; a preempted job keeps its progress (checkpoint/resume).  A
+makes progress; a job stopped or moved pays the checkpoint costs of
+``sim.preemption`` (its checkpoint write delays its next start; the progress
+since its last periodic checkpoint is lost), the same for every policy.  A
 placement whose plan does not fit the GPU's memory (only possible for plans
 that are not MARP's, i.e. FIFO's user plans) fails after the restart cost
 and is resubmitted with twice the GPUs, at most ``MAX_OOM_RESUBMITS`` times.
@@ -36,13 +39,33 @@ from frenzyd.has.interface import (
 )
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.model import JobOutcome, PolicyResult, SimJob
+from frenzyd.sim.preemption import DEFAULT, PreemptionModel
 
 MAX_OOM_RESUBMITS = 3
 _EPS = 1e-9
 
 
-def plan_key(plan: Plan) -> tuple[str, int, int, int, int, int, int]:
-    return (plan.gpu_type, plan.gpus, plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batch)
+PlanKey = tuple[str, int, int, int, int, int, int, int]
+
+
+def plan_key(plan: Plan) -> PlanKey:
+    """Every field of a plan that changes its speed or its memory (not the derived bytes or step time).
+
+    Two plans with one key run alike: same GPU type and count, the same
+    dp × tp × pp layout, ZeRO stage, micro-batch and gradient accumulation
+    (``grad_accum`` sets the micro-batches per step: the pipeline bubble, the
+    all-reduce overlap and the activations in flight).
+    """
+    return (
+        plan.gpu_type,
+        plan.gpus,
+        plan.dp,
+        plan.tp,
+        plan.pp,
+        plan.zero,
+        plan.micro_batch,
+        plan.grad_accum,
+    )
 
 
 def plan_fits(job: SimJob, plan: Plan) -> bool:
@@ -73,6 +96,9 @@ class _State:
     last_update_s: float = 0.0
     version: int = 0
     service: dict[str, float] = field(default_factory=dict)
+    write_delay_s: float = 0.0  # the checkpoint write of the last stop, paid before the next start
+    lost_s: float = 0.0  # progress seconds lost to stops, in all
+    gpu_types: list[str] = field(default_factory=list)  # the type of every placement, in order
 
     def view(self) -> JobView:
         return JobView(
@@ -98,10 +124,12 @@ def simulate(
     clock: Callable[[], float],
     progress: Callable[[str], None] | None = None,
     max_time_s: float = 365 * 86400.0,
+    preemption: PreemptionModel = DEFAULT,
 ) -> PolicyResult:
     """Run ``policy`` over ``jobs`` on ``cluster``; every job ends exactly once (completed/failed/unfinished).
 
-    ``clock`` (seconds, monotonic) times each ``decide`` call.  Raises
+    ``clock`` (seconds, monotonic) times each ``decide`` call; ``preemption``
+    prices every stop or move of a running job (``sim.preemption``).  Raises
     :class:`SchedulerError` when the policy returns an impossible decision
     (a GPU twice, a GPU not free, a plan on the wrong GPUs, tp across peers).
     """
@@ -126,6 +154,9 @@ def simulate(
     round_s = policy.round_s
     next_tick = now + round_s if round_s else float("inf")
     last_changed = True
+    # A policy whose decisions change with time alone (Tiresias demotes a running job once its service
+    # passes a threshold) says so with ``time_driven = True``: its round ticks are never skipped.
+    time_driven = bool(getattr(policy, "time_driven", False))
     ended = 0
     steps = 0
 
@@ -138,6 +169,15 @@ def simulate(
         gpu_t = st.plan.gpu_type if st.plan else ""
         st.service[gpu_t] = st.service.get(gpu_t, 0.0) + (t - st.last_update_s) * len(st.gpus)
         st.last_update_s = t
+
+    def charge_stop(st: _State, t: float) -> None:
+        """The checkpoint costs of stopping ``st`` at ``t`` (after :func:`advance`)."""
+        progress_s = t - st.ready_s if not st.oom_pending else 0.0
+        lost, write = preemption.stop_cost(st.job.speed.params, progress_s)
+        if lost > 0 and st.step_s > 0:
+            st.remaining = min(float(st.job.total_steps), st.remaining + lost / st.step_s)
+            st.lost_s += lost
+        st.write_delay_s = write
 
     def release(st: _State, t: float) -> None:
         nonlocal busy
@@ -161,6 +201,7 @@ def simulate(
             if st is None or st.status != "running":
                 raise SchedulerError(f"{policy.name}: preempted job {jid!r} is not running")
             advance(st, t)
+            charge_stop(st, t)
             release(st, t)
             st.status = "queued"
             queue.append(jid)
@@ -176,6 +217,7 @@ def simulate(
             _check(policy.name, pl, free | set(st.gpus), used)
             if st.status == "running":
                 advance(st, t)
+                charge_stop(st, t)
                 release(st, t)
             else:
                 queue.remove(pl.job_id)
@@ -186,8 +228,10 @@ def simulate(
             st.gpus = tuple(pl.gpus)
             st.placed_s = t
             st.last_update_s = t
-            st.ready_s = t + st.job.speed.restart_cost_s
+            st.ready_s = t + st.job.speed.restart_cost_s + st.write_delay_s
+            st.write_delay_s = 0.0
             st.placements += 1
+            st.gpu_types.append(pl.plan.gpu_type)
             if st.first_start_s is None:
                 st.first_start_s = t
             st.step_s = st.job.speed.step_time_s(pl.plan, speed_of[pl.plan.gpu_type], peers_of(pl.gpus))
@@ -246,7 +290,7 @@ def simulate(
         if is_tick:
             while next_tick <= now + _EPS:
                 next_tick += round_s if round_s else float("inf")
-            if not event and not last_changed:
+            if not event and not last_changed and not time_driven:
                 if not running and next_arrival >= len(arrivals):
                     break  # stuck: nothing runs, nothing arrives, the policy places nothing
                 continue  # fixpoint: same state as the last round, only the clock moved
@@ -290,6 +334,8 @@ def simulate(
             first_start_s=st.first_start_s,
             restarts=max(0, st.placements - 1 - st.oom_failures),
             oom_failures=st.oom_failures,
+            gpu_types=tuple(st.gpu_types),
+            lost_s=st.lost_s,
         )
         for st in sorted(states.values(), key=lambda s: s.job.job_id)
     )

@@ -16,6 +16,7 @@ import pytest
 from frenzyd.errors import PeerError
 from frenzyd.net import auth, tls, wire
 from frenzyd.net.election import ElectionState, Role
+from frenzyd.net.messages import Heartbeat
 from frenzyd.net.network import CONTENT_TYPE, MSG_PATH, PeerNetwork, Reply
 from frenzyd.net.peer_table import AddressBook, PeerTable
 from frenzyd.net.ratelog import RateLimitedLog
@@ -78,7 +79,7 @@ async def test_three_nodes_mesh_elect_one_coordinator_and_fail_over(make_net: An
     rec = n1.table.get(n2.creds.node_id)
     assert rec is not None
     assert rec.name == "n2"
-    assert rec.report["python"]
+    assert rec.report.python
     # The coordinator dies: n3 (priority 1) takes over under a higher term.
     await n2.stop()
     assert await n1.wait_until(_agree([n1, n3]), 10.0)
@@ -184,6 +185,11 @@ async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
     # A heartbeat claiming to be another node than its certificate is refused.
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", dict(hb, node_id="f" * 32)))
     assert (status, reply.body["reason"]) == (403, "identity_mismatch")
+    # A heartbeat whose report has the wrong shape is dropped at the edge, counted by reason.
+    status, reply = await _raw_post(n1, me, wire.encode("heartbeat", dict(hb, report={"gpus": "GPU-0"})))
+    assert (status, reply.body["reason"]) == (400, "schema")
+    assert n1.dropped["schema"] == 2
+    assert n1.table.get(me.node_id) is None
     # ...and a proper one still works.
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", hb))
     assert (status, reply.kind, reply.body["node_id"]) == (200, "heartbeat", n1.creds.node_id)
@@ -238,11 +244,11 @@ async def test_foreign_certificate_is_refused_on_the_first_read(
     a.max_frame_bytes = 4096
     await a.start()
     try:
-        assert a._session is not None
-        await a._session.close()
-        a._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
+        assert a.transport.session is not None  # swap in a client that trusts n1's server
+        await a.transport.session.close()
+        a.transport.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
         with pytest.raises(PeerError) as info:
-            await a._post(n1.address, wire.encode("ok", {}), 5.0, 4096)
+            await a.transport.post(n1.address, wire.encode("ok", {}), 5.0, 4096)
         assert info.value.reason == "refused"
     finally:
         await a.stop()
@@ -255,7 +261,7 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     assert await n2.wait_until(lambda: n2.table.get(n1.creds.node_id) is not None, 5.0)
     rec = n2.table.get(n1.creds.node_id)
     assert rec is not None
-    assert rec.report["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
+    assert rec.report.gpus == ({"uuid": "SIM-n1-0", "type": "A10"},)
     assert n2.reports()[n1.creds.node_id]["gpus"] == [{"uuid": "SIM-n1-0", "type": "A10"}]
     assert set(n2.reports()) == {n1.creds.node_id, n2.creds.node_id}
     status = n2.peers_status()
@@ -263,6 +269,24 @@ async def test_report_provider_rides_on_heartbeats(make_net: Any) -> None:
     await n1.stop()
     assert await n2.wait_until(lambda: not n2.peers_status()[1]["alive"], 5.0)
     assert set(n2.reports()) == {n2.creds.node_id}
+
+
+async def test_reports_of_the_wrong_shape_never_travel_or_count(make_net: Any) -> None:
+    # A provider whose report has the wrong shape: the heartbeat goes without it (logged).
+    n1 = await make_net("n1", report_provider=lambda: {"gpus": "GPU-0"})
+    assert n1.reports()[n1.creds.node_id] == {"python": n1.heartbeats.build().report.python}
+    # A peer that answers with a malformed report is dropped at the edge, not heard.
+    n2 = await make_net("n2")
+
+    def bad_answer(body: dict[str, Any]) -> dict[str, Any]:
+        return {**n2.heartbeats.build().to_body(), "report": {"jobs": [1]}}
+
+    n2.dispatch.bind(bad_answer, n2.heartbeats.changed)
+    n1.add_address(n2.address, source="static")
+    await n1.heartbeat_once()
+    assert n1.dropped["schema"] == 1
+    assert n1.live_peers() == []
+    assert n1.book.addresses()[n2.address] is None  # not counted as an answer: backed off
 
 
 async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(make_net: Any) -> None:
@@ -275,7 +299,7 @@ async def test_discovery_hints_of_another_pool_or_of_ourselves_are_not_dialled(m
 
 def test_peer_table_liveness_and_revival() -> None:
     t = PeerTable(timeout_s=2.0)
-    hb = {"node_id": "p", "name": "p", "address": "h:1", "priority": 0, "term": 1, "coordinator": "p"}
+    hb = Heartbeat(node_id="p", name="p", address="h:1", priority=0, term=1, coordinator="p")
     rec, revived = t.heard(hb, 10.0)
     assert revived
     assert rec.first_seen == 10.0
@@ -389,11 +413,11 @@ async def test_an_unresponsive_address_does_not_hold_up_the_round(make_net: Any)
         n1.add_address(n2.address, source="static")
         await n1.heartbeat_once(wait_s=1.0)
         assert n2.creds.node_id in n1.live_peers()
-        stuck = n1._inflight.get(sink_addr)  # still waiting for the sink (request timeout 2 s)
+        stuck = n1.transport.in_flight(sink_addr)  # still waiting for the sink (request timeout 2 s)
         assert stuck is not None
         assert not stuck.done()
         await n1.heartbeat_once(wait_s=0.0)  # the next round does not stack a second beat on it
-        assert n1._inflight.get(sink_addr) is stuck
+        assert n1.transport.in_flight(sink_addr) is stuck
     finally:
         for w in held:
             w.close()

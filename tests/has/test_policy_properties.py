@@ -18,7 +18,7 @@ from frenzyd.has.registry import BUILTIN, load_policy
 from frenzyd.sim.simulator import simulate
 
 POLICIES = sorted(BUILTIN)
-MEMORY_AWARE = ["frenzy", "sia", "gavel"]
+MEMORY_AWARE = ["frenzy", "sia", "gavel", "tiresias", "srtf"]
 
 
 def check_valid(snap: Snapshot, d: Decision) -> None:

@@ -23,7 +23,19 @@ def test_json_schema_keys_exactly(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "--json")
     assert rc == 0
     obj = json.loads(out)
-    assert set(obj) == {"model", "params", "peak_bytes", "peak_phase", "breakdown"}
+    assert set(obj) == {
+        "model",
+        "params",
+        "device",
+        "method",
+        "peak_bytes",
+        "per_rank_peak_bytes",
+        "peak_phase",
+        "breakdown",
+    }
+    assert obj["device"] == "cuda"
+    assert obj["method"] == "analytic"
+    assert obj["per_rank_peak_bytes"] == [obj["peak_bytes"]]  # one rank
     assert set(obj["breakdown"]) == {"parameters", "gradients", "optimizer", "activations", "temporaries"}
     assert sum(obj["breakdown"].values()) == obj["peak_bytes"]
     assert obj["model"] == "tiny-llama"
@@ -127,3 +139,54 @@ def test_parse_gpus_merges_and_canonicalises() -> None:
     assert pools[0].gpus_per_node == 4
     with pytest.raises(ConfigError):
         parse_gpus(" , ")
+
+
+def test_per_rank_peaks_one_per_rank_pipeline_stages_differ(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "--json", "--dp", "2", "--pp", "2", "--global-batch", "8")
+    assert rc == 0
+    obj = json.loads(out)
+    ranks = obj["per_rank_peak_bytes"]
+    assert len(ranks) == 4  # dp x pp, rank = stage x dp + d
+    assert ranks[0] == ranks[1]
+    assert ranks[2] == ranks[3]
+    assert ranks[0] != ranks[2]  # the first stage holds the embedding and more microbatches in flight
+    assert max(ranks) == obj["peak_bytes"]
+
+
+def test_per_rank_peaks_cover_middle_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    from frenzyd.marp.analytic import predict
+    from frenzyd.marp.model import load_model
+    from frenzyd.marp.spec import TrainingSetup
+
+    setup = TrainingSetup(seq_len=256, micro_batch=1, dtype="bf16", pp=4, tp=2, global_batch=8)
+    pred = predict(load_model("tiny-llama"), setup, per_rank=True)
+    assert len(pred.rank_peaks) == 8
+    stages = pred.rank_peaks[::2]
+    assert stages[0] > stages[1] > stages[2]  # fewer microbatches in flight further down the pipe
+    assert max(stages) == pred.peak_bytes
+    assert predict(load_model("tiny-llama"), setup).rank_peaks == ()  # only when asked (the planner's path)
+
+
+def test_device_flag_changes_the_attention_path_and_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    # tiny-llama is GQA; in fp32 at seq 1024 CUDA takes the math kernel (b·a·s² probabilities), the CPU flash
+    args = ["predict", "--model", "tiny-llama", "--seq-len", "1024", "--micro-batch", "1", "--dtype", "fp32"]
+    assert run_cli([*args, "--json", "--device", "cpu"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert run_cli([*args, "--json", "--device", "cuda"]) == 0
+    cuda = json.loads(capsys.readouterr().out)
+    assert cpu["device"] == "cpu"
+    assert cuda["device"] == "cuda"
+    assert cuda["peak_bytes"] > cpu["peak_bytes"]
+    assert run_cli([*args, "--device", "cpu"]) == 0
+    assert "cpu kernels" in capsys.readouterr().out
+
+
+def test_trace_prediction_fills_every_rank() -> None:
+    from frenzyd.marp.spec import Breakdown
+    from frenzyd.marp.trace import Measurement
+
+    bd = Breakdown(10, 0, 0, 0, 0)
+    one = Measurement("m", 1, 10, "loss", bd, {"loss": 10}, "trace", world_size=2)
+    assert one.to_prediction().rank_peaks == (10, 10)  # one rank traced; data-parallel ranks are symmetric
+    every = Measurement("m", 1, 10, "loss", bd, {"loss": 10}, "real", world_size=2, rank_peaks=(9, 10))
+    assert every.to_prediction().rank_peaks == (9, 10)

@@ -37,6 +37,7 @@ from frenzyd.jobs.messages import (
 )
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record
 from frenzyd.net import wire
+from frenzyd.net.messages import Heartbeat, HeartbeatReport
 
 SPEC = JobSpec(argv=("train.py", "--lr", "3e-4"), payload_sha256="ab" * 32, payload_size=1234,
                python_version="3.11.7", torch_version="2.13.0", name="golden", model="gpt2",
@@ -70,12 +71,10 @@ def frames() -> dict[str, bytes]:
     launch = JobLaunch(run.id, 1, 3, run, "10.0.0.1", master_port=0, start_store=True, backend="gloo")
     stop = enc(JobStop(run.id, 1, 3))
     return {
-        "heartbeat": wire.encode("heartbeat", {
-            "node_id": "n" * 64, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 2, "term": 3,
-            "coordinator": "c" * 64, "report": report}),
-        "heartbeat.bare": wire.encode("heartbeat", {
-            "node_id": "n" * 64, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 0, "term": 0,
-            "coordinator": None, "report": {"python": "3.11.7"}}),
+        "heartbeat": enc(Heartbeat("n" * 64, "ws-01", "10.0.0.1:7470", 2, 3, "c" * 64,
+                                   HeartbeatReport.from_dict(report))),
+        "heartbeat.bare": enc(Heartbeat("n" * 64, "ws-01", "10.0.0.1:7470", 0, 0, None,
+                                        HeartbeatReport(python="3.11.7"))),
         "ok": wire.encode("ok", {}),
         "error": wire.encode("error", {"reason": "stale_term", "detail": "term 2 < 3"}),
         "job.submit": enc(JobSubmit(q)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,7 @@ from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
 from frenzyd.sim.jobs import limit_jct_s, limit_p99_jct_s
 from frenzyd.sim.model import SimJob
-from frenzyd.sim.simulator import MAX_OOM_RESUBMITS, simulate
+from frenzyd.sim.simulator import MAX_OOM_RESUBMITS, plan_fits, plan_key, simulate
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -106,3 +107,14 @@ def test_out_of_memory_user_plans_fail_and_are_resubmitted_with_twice_the_gpus()
     (o,) = r.outcomes
     assert (o.state, o.oom_failures) == ("completed", 1)
     assert o.end_s - o.arrival_s > 2 * speed.restart_cost_s  # one failed start, then a real one
+
+
+def test_plan_key_tells_apart_plans_that_differ_only_in_gradient_accumulation() -> None:
+    """grad_accum changes the step time (bubble, all-reduce overlap) and the activations in flight."""
+    a = Plan("T4", 2, 2, 1, 1, 3, 1, 4, 1, 1, 1.0)
+    b = replace(a, grad_accum=8)
+    assert plan_key(a) != plan_key(b)
+    assert plan_key(a) == plan_key(replace(a, bytes_per_gpu=7, step_time_s=3.0))  # derived fields only
+    job = SimJob("j", 0.0, 2, "m", 1024, 8, 10.0, JobSpeed(10**9, 1e15), (a,))
+    assert plan_fits(job, a)
+    assert not plan_fits(job, b)  # not a MARP plan of the job, and no user plan of it fits

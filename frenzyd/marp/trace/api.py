@@ -11,6 +11,7 @@ already.  Neither module imports this one.
 
 from __future__ import annotations
 
+from frenzyd.errors import ConfigError
 from frenzyd.marp.spec import Prediction, TrainingSetup
 from frenzyd.marp.trace.step import (
     Measurement,
@@ -24,21 +25,31 @@ from frenzyd.marp.trace.step import (
 __all__ = ["measure_real", "predict_trace", "trace_measurement"]
 
 
-def measure_real(model: ModelLike, setup: TrainingSetup, *, threads: int = 1, seed: int = 0) -> Measurement:
+def measure_real(
+    model: ModelLike,
+    setup: TrainingSetup,
+    *,
+    threads: int = 1,
+    seed: int = 0,
+    sdpa_backend: str | None = None,
+) -> Measurement:
     """Ground truth: run the reference step with real tensors on the CPU and measure its tensor peak.
 
     Runs ``STEPS`` optimizer steps and reports the last (steady state) under
     torch's ``MemTracker``.  ``setup.dp > 1`` runs ``dp`` real gloo ranks in
     subprocesses (DDP, ZeRO-1, FSDP2 for ZeRO-2/3) and reports the worst rank.
+    ``sdpa_backend`` forces the attention kernel (one process only).
     Raises ``ConfigError``/``PlanError`` for setups it cannot run and
     ``TraceError`` when torch fails (e.g. out of host memory).
     """
     validate_setup(setup)
     if runs_distributed(setup):
+        if sdpa_backend is not None:
+            raise ConfigError("sdpa_backend can be forced only for one-process runs (dp = 1, ZeRO-0)")
         from frenzyd.marp.trace.dist import measure_distributed
 
         return measure_distributed(model, setup, mode="real", threads=threads, seed=seed)
-    return measure_real_single(model, setup, threads=threads, seed=seed)
+    return measure_real_single(model, setup, threads=threads, seed=seed, sdpa_backend=sdpa_backend)
 
 
 def trace_measurement(model: ModelLike, setup: TrainingSetup, *, seed: int = 0) -> Measurement:

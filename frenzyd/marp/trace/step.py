@@ -23,6 +23,7 @@ from frenzyd.errors import ConfigError, FrenzyError, ModelConfigError, PlanError
 from frenzyd.marp.spec import PHASES, Breakdown, ModelSpec, Phase, Prediction, TrainingSetup
 
 __all__ = [
+    "SDPA_BACKENDS",
     "STEPS",
     "Measurement",
     "ModelLike",
@@ -69,7 +70,14 @@ class Measurement:
     notes: tuple[str, ...] = field(default=())
 
     def to_prediction(self) -> Prediction:
-        """The same numbers as a ``Prediction`` (method ``trace``)."""
+        """The same numbers as a ``Prediction`` (method ``trace``).
+
+        ``rank_peaks``: every rank's peak where every rank was run, else the
+        measured rank's peak for each rank (data-parallel ranks are symmetric).
+        """
+        ranks = self.rank_peaks
+        if len(ranks) != self.world_size:
+            ranks = (self.peak_bytes,) * self.world_size
         return Prediction(
             model=self.model,
             params=self.params,
@@ -78,6 +86,7 @@ class Measurement:
             breakdown=self.breakdown,
             method="trace",
             phases=dict(self.phases),
+            rank_peaks=tuple(ranks),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -542,24 +551,56 @@ def _threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+SDPA_BACKENDS = ("flash", "efficient", "math")
+"""Names accepted by ``sdpa_backend`` (``torch.nn.attention.SDPBackend`` members, as MARP names them)."""
+
+
+@contextlib.contextmanager
+def _sdpa_backend(name: str | None) -> Iterator[None]:
+    """Force SDPA's backend (``torch.nn.attention.sdpa_kernel``); ``None`` leaves torch's choice."""
+    if name is None:
+        yield
+        return
+    if name not in SDPA_BACKENDS:
+        raise ConfigError(f"sdpa backend {name!r} is unknown: use one of {', '.join(SDPA_BACKENDS)}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    member = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+    with sdpa_kernel([member]):
+        yield
+
+
 def measure_real_single(
-    model: ModelLike, setup: TrainingSetup, *, threads: int = 1, seed: int = 0
+    model: ModelLike,
+    setup: TrainingSetup,
+    *,
+    threads: int = 1,
+    seed: int = 0,
+    sdpa_backend: str | None = None,
 ) -> Measurement:
     """Ground truth in this process (dp = 1, ZeRO-0): the reference step with real CPU tensors.
 
     Runs ``STEPS`` optimizer steps and reports the last (steady state) under
-    torch's ``MemTracker``.  Raises ``ConfigError``/``PlanError`` for setups it
-    cannot run (a data-parallel or ZeRO setup is ``frenzyd.marp.trace.dist``'s)
-    and ``TraceError`` when torch fails (e.g. out of host memory).
+    torch's ``MemTracker``.  ``sdpa_backend`` ("flash", "efficient", "math")
+    forces the attention kernel, e.g. to measure on the CPU the math kernel a
+    CUDA run takes.  Raises ``ConfigError``/``PlanError`` for setups it cannot
+    run (a data-parallel or ZeRO setup is ``frenzyd.marp.trace.dist``'s) and
+    ``TraceError`` when torch fails (e.g. out of host memory, or a forced
+    backend that cannot run the step).
     """
     _require_single(setup)
     name = model_name(model)
     cfg = build_hf_config(model)
     _threads(threads)
     t0 = time.perf_counter()
-    with torch_errors(f"real run of {name}"):
+    with torch_errors(f"real run of {name}"), _sdpa_backend(sdpa_backend):
         res = run_reference_step(cfg, setup, mode="real", seed=seed)
-    return to_measurement(name, res, "real", time.perf_counter() - t0)
+    notes = (f"sdpa backend forced: {sdpa_backend}",) if sdpa_backend else ()
+    return to_measurement(name, res, "real", time.perf_counter() - t0, notes=notes)
 
 
 def trace_measurement_single(model: ModelLike, setup: TrainingSetup, *, seed: int = 0) -> Measurement:

@@ -1,0 +1,350 @@
+"""One place that turns a Hugging Face causal LM into the plan's parallel form (DESIGN.md §3, marp.combos).
+
+The mesh is ``(pp, dp, tp)`` with tp innermost (tp stays inside one peer).
+In order: pipeline stage cut (pp), tensor parallel (tp), then the data-
+parallel wrapper of the plan's ZeRO stage over the dp axis: DDP
+(``gradient_as_bucket_view``), DDP + ``ZeroRedundancyOptimizer``, or FSDP2
+``fully_shard`` per decoder layer and at the root.  The result names every
+parameter by its Hugging Face FQN on every plan, which is what checkpoints
+(DCP, resharding on load) and the exported model rely on.
+torch is imported inside functions: importing this module does not load it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from frenzyd.errors import PlanError
+from frenzyd.trainer.plan import TrainerPlan
+
+MESH_DIMS = ("pp", "dp", "tp")
+
+
+def decoder_layers(model: Any) -> Any:
+    """The ModuleList of decoder layers of a GPT-2 or LLaMA-family causal LM."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None)
+    layers = getattr(base, "layers", None) if base is not None else None
+    if layers is None and base is not None:
+        layers = getattr(base, "h", None)
+    if layers is None:
+        raise PlanError(f"{type(model).__name__} has no decoder layer list (model.layers or transformer.h)")
+    return layers
+
+
+def build_mesh(plan: TrainerPlan, device_type: str) -> Any:
+    """The ``(pp, dp, tp)`` DeviceMesh over the default process group (its size must be the plan's)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        raise PlanError(
+            f"the plan needs dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size} ranks, "
+            f"but WORLD_SIZE is {world}: launch {plan.world_size} ranks or change the plan"
+        )
+    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=MESH_DIMS)
+
+
+@dataclass
+class Parallel:
+    """A model in its plan's parallel form, with its optimizer and what checkpoints need."""
+
+    plan: TrainerPlan
+    mesh: Any
+    module: Any
+    """What the step calls: the wrapped model, or the (wrapped) pipeline stage."""
+    inner: Any
+    """The unwrapped model or stage, whose parameter names are Hugging Face FQNs."""
+    params: dict[str, Any]
+    """FQN -> the parameter object the optimizer updates (a DTensor, or a plain tensor)."""
+    optimizer: Any = None
+    schedule: Any = None
+    localized: dict[str, tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
+    """dp x tp: FQN -> (mesh, placements) of a TP parameter DDP holds as its local shard."""
+    tied_name: str | None = None
+    """pp with tied embeddings: the input embedding's FQN (the last stage's head is keyed by it too)."""
+    tied_group: Any = None
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        c = self.mesh.get_coordinate()
+        return int(c[0]), int(c[1]), int(c[2])
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords[0]
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords[1]
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords[2]
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.plan.pp - 1
+
+    @property
+    def local_optimizer(self) -> Any:
+        """The optimizer holding this rank's state (ZeRO-1: its partition's inner optimizer)."""
+        return getattr(self.optimizer, "optim", self.optimizer)
+
+    def checkpoint_view(self, tensor: Any, name: str) -> Any:
+        """``tensor`` (a parameter or its optimizer state) as checkpoints see it: a DTensor where sharded."""
+        t = tensor.detach()
+        if name in self.localized:
+            from torch.distributed.tensor import DTensor
+
+            mesh, placements = self.localized[name]
+            return DTensor.from_local(t, mesh, placements, run_check=False)
+        return t
+
+
+# --------------------------------------------------------------------------- tensor parallel
+
+_TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+_TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def _apply_tp(model: Any, tp_mesh: Any) -> None:
+    """Megatron-style: q/k/v and gate/up column-wise, o and down row-wise; the rest replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan: dict[str, Any] = {n: ColwiseParallel() for n in _TP_COLWISE}
+    plan.update({n: RowwiseParallel() for n in _TP_ROWWISE})
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def causal_lm_loss(logits: Any, target: Any) -> Any:
+    """Hugging Face's causal-LM loss: mean token cross-entropy of the next token, in fp32."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1))
+
+
+def _stage_class() -> Any:
+    import torch
+    from torch import nn
+
+    class Stage(nn.Module):
+        """Layers ``[lo, hi)`` of a LLaMA-family or GPT-2 model, keeping the HF FQNs (``model.layers.3...``).
+
+        The first stage holds the embeddings, the last the final norm and the head; the loss is the
+        schedule's (``causal_lm_loss``).  Attention gets no mask: SDPA's causal kernel, as in the full
+        model's forward without padding.
+        """
+
+        def __init__(self, full: Any, lo: int, hi: int, *, first: bool, last: bool, autocast: bool) -> None:
+            super().__init__()
+            self.first, self.last, self.autocast = first, last, autocast
+            self.gpt2 = hasattr(full, "transformer")
+            src = full.transformer if self.gpt2 else full.model
+            base = nn.Module()
+            if self.gpt2:
+                self.transformer = base
+                if first:
+                    base.wte, base.wpe, base.drop = src.wte, src.wpe, src.drop
+                base.h = nn.ModuleDict({str(i): src.h[i] for i in range(lo, hi)})
+                if last:
+                    base.ln_f = src.ln_f
+            else:
+                self.model = base
+                if first:
+                    base.embed_tokens = src.embed_tokens
+                base.layers = nn.ModuleDict({str(i): src.layers[i] for i in range(lo, hi)})
+                base.rotary_emb = src.rotary_emb
+                if last:
+                    base.norm = src.norm
+            if last:
+                self.lm_head = full.lm_head
+
+        def layers(self) -> Any:
+            m: Any = self.transformer.h if self.gpt2 else self.model.layers
+            return m.values()
+
+        def forward(self, x: Any) -> Any:
+            head: Any = getattr(self, "lm_head", None)
+            with torch.autocast(x.device.type, torch.bfloat16, enabled=self.autocast):
+                if self.gpt2:
+                    t: Any = self.transformer
+                    pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+                    h = t.drop(t.wte(x) + t.wpe(pos)) if self.first else x
+                    for layer in self.layers():
+                        h = layer(h, attention_mask=None, position_ids=pos)
+                    return head(t.ln_f(h)) if self.last else h
+                m: Any = self.model
+                h = m.embed_tokens(x) if self.first else x
+                pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+                pe = m.rotary_emb(h, position_ids=pos)
+                for layer in self.layers():
+                    h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+                return head(m.norm(h)) if self.last else h
+
+    return Stage
+
+
+def _cut_stage(model: Any, plan: TrainerPlan, pp_rank: int) -> Any:
+    n = len(decoder_layers(model))
+    per = n // plan.pp
+    lo, hi = pp_rank * per, (pp_rank + 1) * per
+    return _stage_class()(model, lo, hi, first=pp_rank == 0, last=pp_rank == plan.pp - 1,
+                          autocast=plan.dtype == "bf16-mixed")
+
+
+def tied_embedding_name(model: Any) -> str | None:
+    """The FQN of the input embedding when the output head shares it (GPT-2), else None."""
+    head = model.get_output_embeddings()
+    emb = model.get_input_embeddings()
+    if head is None or emb is None or head.weight is not emb.weight:
+        return None
+    name: str = next(n for n, p in model.named_parameters() if p is emb.weight)
+    return name
+
+
+def _tied_group(mesh: Any, plan: TrainerPlan) -> Any:
+    """This rank's {first stage, last stage} group for its (dp, tp) coordinate (None on middle stages).
+
+    Every rank creates every pair, in the same order, as ``new_group`` requires.
+    """
+    import torch.distributed as dist
+
+    mine = None
+    _, dp_i, tp_i = (int(c) for c in mesh.get_coordinate())
+    pp_i = int(mesh.get_coordinate()[0])
+    for d in range(plan.dp):
+        for t in range(plan.tp):
+            ranks = [int(mesh.mesh[0, d, t]), int(mesh.mesh[plan.pp - 1, d, t])]
+            group = dist.new_group(ranks)
+            if (d, t) == (dp_i, tp_i) and pp_i in (0, plan.pp - 1):
+                mine = group
+    return mine
+
+
+def sync_tied_grads(par: Parallel) -> None:
+    """Sum the tied embedding's gradient of the first and the last stage (each holds a copy)."""
+    import torch.distributed as dist
+
+    if par.tied_group is None or par.tied_name is None:
+        return
+    grad = par.params[par.tied_name].grad
+    if grad is not None:
+        dist.all_reduce(getattr(grad, "_local_tensor", grad), group=par.tied_group)
+
+
+# --------------------------------------------------------------------------- the optimizer
+
+
+def param_groups(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Parameters grouped by where they live (plain, or DTensor per mesh): one fused kernel per group."""
+    from torch.distributed.tensor import DTensor
+
+    groups: list[tuple[Any, list[Any]]] = []
+    for p in params.values():
+        key = p.device_mesh if isinstance(p, DTensor) else None
+        for k, ps in groups:
+            if k == key:
+                ps.append(p)
+                break
+        else:
+            groups.append((key, [p]))
+    return [{"params": ps} for _, ps in groups]
+
+
+def make_optimizer(par: Parallel, plan: TrainerPlan, device_type: str) -> Any:
+    """AdamW (fused) or SGD with momentum (fused), as DESIGN.md §3; ZeRO-1 wraps it."""
+    import torch
+
+    fused = device_type in ("cpu", "cuda")
+    if plan.optimizer == "adamw":
+        cls: Any = torch.optim.AdamW
+        kwargs: dict[str, Any] = {"lr": plan.lr, "fused": fused}
+    else:
+        cls = torch.optim.SGD
+        kwargs = {"lr": plan.lr, "momentum": 0.9, "fused": fused}
+    if plan.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(list(par.params.values()), optimizer_class=cls,
+                                       process_group=par.mesh["dp"].get_group(), **kwargs)
+    return cls(param_groups(par.params), **kwargs)
+
+
+# --------------------------------------------------------------------------- the whole plan
+
+
+class _NoRebuildReducer:
+    """DDP's C++ reducer without its one-time bucket rebuild, for pipeline stages.
+
+    The pipeline runs a stage's micro-batch backwards under ``no_sync`` and
+    syncs on the last; the reducer still records every micro-batch's gradient
+    order for the rebuild and then asserts (torch 2.13: "rebuilt parameter
+    indices size is not same as original model parameters size").  The
+    buckets of the first iteration (parameter order) hold the same gradients.
+    """
+
+    def __init__(self, reducer: Any) -> None:
+        object.__setattr__(self, "_reducer", reducer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_reducer"), name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimizer: bool = True) -> Parallel:
+    """Shard ``model`` (built identically on every rank, on the CPU) per ``plan``; build its optimizer."""
+    from torch.distributed.tensor import DTensor
+
+    pp_rank = int(mesh.get_coordinate()[0])
+    tied = tied_embedding_name(model) if plan.pp > 1 else None
+    inner = _cut_stage(model, plan, pp_rank) if plan.pp > 1 else model
+    del model
+    inner.to(device)
+    if plan.tp > 1:
+        _apply_tp(inner, mesh["tp"])
+    dp_mesh = mesh["dp"]
+    localized: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+    module = inner
+    if plan.zero in (2, 3):
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = plan.zero == 3
+        for layer in decoder_layers(inner) if plan.pp == 1 else inner.layers():
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(inner, mesh=dp_mesh, reshard_after_forward=reshard)
+    elif plan.dp > 1 or plan.zero == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if plan.tp > 1:
+            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+            localized = {n: (p.device_mesh, tuple(p.placements)) for n, p in inner.named_parameters()
+                         if isinstance(p, DTensor)}
+            _pre_dp_module_transform(inner)
+        ids = [device.index] if device.type == "cuda" else None
+        module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
+                                         gradient_as_bucket_view=True)
+        if plan.pp > 1:
+            module.reducer = _NoRebuildReducer(module.reducer)  # type: ignore[assignment]
+    params = dict(inner.named_parameters())
+    if tied is not None and "lm_head.weight" in params and tied not in params:
+        params[tied] = params.pop("lm_head.weight")  # the last stage's copy of the tied embedding
+    par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner, params=params, localized=localized,
+                   tied_name=tied, tied_group=_tied_group(mesh, plan) if tied is not None else None)
+    if optimizer:
+        par.optimizer = make_optimizer(par, plan, device.type)
+    if plan.pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        stage = PipelineStage(module, pp_rank, plan.pp, device, group=mesh["pp"].get_group())
+        par.schedule = Schedule1F1B(stage, n_microbatches=plan.grad_accum, loss_fn=causal_lm_loss,
+                                    scale_grads=True)
+    return par
