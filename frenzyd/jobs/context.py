@@ -104,8 +104,6 @@ class RankRun:
     vacated: str = ""
     """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
     hosts_store: bool = False
-    renewed_until: float = 0.0
-    """Until when the ranks' supervisor holds their lease (the last renewal + ``lease_timeout_s``)."""
 
     @property
     def key(self) -> tuple[str, int]:

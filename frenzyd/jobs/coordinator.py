@@ -86,8 +86,10 @@ class CoordinatorRole:
             if lost:
                 log.warning("job %s: peer %s silent for %.0fs; stopping its other ranks and requeueing it",
                             rec.id, lost[0][:12], now - self._silent_since[lost[0]])
-                self.table.update(step(rec, Requeue(rec.attempt, f"peer {lost[0][:12]} lost"), now=now))
+                requeued = step(rec, Requeue(rec.attempt, f"peer {lost[0][:12]} lost"), now=now)
+                self.table.update(requeued)
                 self._unreserve(rec.id)
+                self.ctx.spawn(self._tell_submitter(requeued), f"tell {rec.id}")
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
         queue = [QueuedJob(q.id, q.spec, q.created_at)

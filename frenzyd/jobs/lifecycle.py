@@ -199,15 +199,16 @@ def _exits(rec: JobRecord, codes: Mapping[int, int], now: float) -> JobRecord:
     """Add rank exit codes; finish the job once every rank has exited (any non-zero: failed).
 
     ``codes`` come in the order the ranks exited; the first non-zero one to arrive is the job's
-    ``failed_rank`` (the others were usually stopped because of it) and the message names it.
-    Codes for ranks outside the attempt are ignored.
+    ``failed_rank`` (the others were usually stopped because of it) and the message names it.  A
+    rank that exited with a code of its own beats one killed by a signal (negative: the stop of the
+    others), whichever report came first.  Codes for ranks outside the attempt are ignored.
     """
     merged = dict(rec.exit_codes)
     failed_rank = rec.failed_rank
     for rank, code in codes.items():
         if 0 <= rank < rec.world_size and rank not in merged:
             merged[rank] = code
-            if code != 0 and failed_rank is None:
+            if code != 0 and (failed_rank is None or merged[failed_rank] < 0 < code):
                 failed_rank = rank
     rec = replace(rec, exit_codes=merged, failed_rank=failed_rank, updated_at=now)
     if len(merged) < rec.world_size:

@@ -139,8 +139,7 @@ class RankHostRole:
             else:
                 await prepare()
             outdir.mkdir(parents=True, exist_ok=True)
-            run = RankRun(job_id, attempt, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store,
-                          renewed_until=self.ctx.clock() + self.ctx.lease_timeout_s)
+            run = RankRun(job_id, attempt, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store)
             self._runs[run.key] = run
             handles = []
             local_world = len(mine)
@@ -255,9 +254,8 @@ class RankHostRole:
         """Wait for this node's ranks, persist the exit report (and rank 0's results) in the outbox,
         then deliver it."""
         codes = await self._wait_ranks(run, handles)
-        if not run.vacated and not self.stopping and self.ctx.clock() > run.renewed_until:
+        if await self.launcher.unsupervise(*run.key) and not run.vacated:
             run.vacated = "its lease expired: this node could not confirm the attempt with its submitter"
-        await self.launcher.unsupervise(*run.key)
         run.done = True
         run.out_event.set()
         if run.hosts_store and not (self.stopping or run.vacated):
@@ -292,9 +290,12 @@ class RankHostRole:
         self.ctx.wake()
         coord = self.ctx.view().coordinator
         if coord is not None and coord != run.submitter:  # stops a failing job's other ranks sooner
-            with contextlib.suppress(FrenzyError):
-                await self.ctx.send(coord, report, SEND_TIMEOUT_S)
+            self.ctx.spawn(self._copy_to(coord, report), f"exit copy {run.job_id}")
         await self._deliver(entry, results)
+
+    async def _copy_to(self, coordinator: str, report: JobExit) -> None:
+        with contextlib.suppress(FrenzyError):
+            await self.ctx.send(coordinator, report, SEND_TIMEOUT_S)
 
     async def _deliver(self, entry: OutboxEntry, results: bytes | None = None) -> None:
         """Send an outbox entry to its submitter (results first), retrying with backoff for as long
@@ -341,12 +342,10 @@ class RankHostRole:
         report lists the attempt as placing or running).  An attempt nobody confirms is left to
         expire: its supervisor kills the ranks ``lease_timeout_s`` after the last renewal, before
         the coordinator could place a new attempt (DESIGN.md §8)."""
-        now = self.ctx.clock()
         for run in list(self._runs.values()):
             if run.done or not self._confirmed(v, run):
                 continue
-            if self.launcher.renew(run.job_id, run.attempt, self.ctx.lease_timeout_s):
-                run.renewed_until = now + self.ctx.lease_timeout_s
+            self.launcher.renew(run.job_id, run.attempt, self.ctx.lease_timeout_s)
 
     @staticmethod
     def _confirmed(v: ClusterView, run: RankRun) -> bool:

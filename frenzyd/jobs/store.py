@@ -121,7 +121,8 @@ class JobStore:
         old = self._records.get(rec.id)
         self._records[rec.id] = rec
         atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
-        if old is None or old.state != rec.state or old.ranks != rec.ranks:
+        if old is None or (old.state, old.phase, old.attempt, old.ranks, old.message) != (
+                rec.state, rec.phase, rec.attempt, rec.ranks, rec.message):
             self._publish(rec.id, {"type": "state", "job": rec.summary()})
         if rec.terminal:
             self._publish(rec.id, None)

@@ -167,6 +167,9 @@ class SubmitterRole:
         attempt's lease nor its undelivered exit report, or a peer out of the view for longer
         than its ranks' lease outlives it.  Nothing is lost in the first heartbeats after this
         daemon started (it re-attaches to its running jobs as their peers' reports arrive)."""
+        for p in rec.peers():
+            if p not in v.peers:
+                self._absent_since.setdefault(p, now)
         grace = 5 * self.ctx.heartbeat_s + 10
         if now - self._born < grace or now - (rec.started_at or now) < grace:
             return []
@@ -175,8 +178,7 @@ class SubmitterRole:
             if self._peer_exited(rec, p):
                 continue
             if p not in v.peers:
-                since = self._absent_since.setdefault(p, now)
-                if now - since >= self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s:
+                if now - self._absent_since[p] >= self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s:
                     lost.append(p)
             elif not self._peer_has_job(v, p, rec):
                 lost.append(p)

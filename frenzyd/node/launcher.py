@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from frenzyd.errors import LaunchError
+from frenzyd.node import supervisor
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,8 @@ class Launcher:
         if proc is not None and proc.returncode is None:
             return proc
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-P", "-m", "frenzyd.node.supervisor", "--grace", str(self.term_grace_s),
+            sys.executable, "-P", "-m", "frenzyd.node.supervisor",
+            "--grace", str(min(self.term_grace_s, self.lease_s / 2)),
             "--lease", str(self.lease_s), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
             cwd=self.dir, start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
         )
@@ -254,26 +256,28 @@ class Launcher:
         """Extend the lease of the attempt's ranks here to ``seconds`` from now (False: none)."""
         return self._tell(run_key(job_id, attempt), f"renew {seconds:.3f}")
 
-    async def unsupervise(self, job_id: str, attempt: int) -> None:
-        """The attempt's ranks are gone: end its supervisor without it killing anything."""
-        await self._unsupervise(run_key(job_id, attempt))
+    async def unsupervise(self, job_id: str, attempt: int) -> bool:
+        """The attempt's ranks are gone: end its supervisor.  True when it had killed them because
+        their lease ran out (the daemon could not renew it)."""
+        return await self._unsupervise(run_key(job_id, attempt))
 
-    async def _unsupervise(self, run: str) -> None:
+    async def _unsupervise(self, run: str) -> bool:
         proc = self._supervisors.pop(run, None)
         if proc is None:
-            return
+            return False
         if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.write(b"stop\n")
             with contextlib.suppress(ConnectionError):
                 await proc.stdin.drain()
             proc.stdin.close()
         try:
-            await asyncio.wait_for(proc.wait(), 5.0)
+            await asyncio.wait_for(proc.wait(), self.term_grace_s + 5.0)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
         (self.pid_dir / f"{run}.supervisor.pid").unlink(missing_ok=True)
+        return proc.returncode == supervisor.EXPIRED
 
     # ---- rendezvous store -------------------------------------------------------------------
     async def start_store(self, job_id: str, attempt: int, bind_addr: str,

@@ -8,10 +8,13 @@ reads commands on stdin, one per line:
 * ``renew SECONDS`` -- the lease now ends SECONDS from now (monotonic clock);
 * ``stop`` -- the attempt is over: exit without killing anything.
 
-When the deadline passes without a renewal (the daemon is frozen, partitioned from the job's
-submitter, or too slow to renew), it sends SIGTERM to every watched group, SIGKILL after ``grace``
-seconds, prints ``EXPIRED`` and exits.  If stdin closes without ``stop`` (the daemon died), it kills
-the groups at once: the ranks must not outlive the daemon that answers for them (DESIGN.md §8).
+When the deadline comes near without a renewal (the daemon is frozen, partitioned from the job's
+submitter, or too slow to renew), it sends SIGTERM to every watched group ``grace`` seconds before
+the deadline and SIGKILL at the deadline, prints ``EXPIRED`` and exits: at the deadline the ranks
+are gone, which is what the coordinator's wait before re-placing the job counts on.  If stdin
+closes without ``stop`` (the daemon died), it kills the groups at once: the ranks must not outlive
+the daemon that answers for them (DESIGN.md §8).  Exit status: ``EXPIRED`` (3) when it killed the
+ranks for the lease, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import select
 import signal
 import sys
 import time
+
+EXPIRED = 3
+"""Exit status when the lease ran out and the ranks were killed for it."""
 
 
 def _kill(pgids: set[int], sig: int) -> None:
@@ -41,17 +47,17 @@ def _alive(pgids: set[int]) -> bool:
     return False
 
 
-def _expire(pgids: set[int], grace_s: float) -> None:
+def _expire(pgids: set[int], kill_at: float) -> None:
     _kill(pgids, signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end and _alive(pgids):
+    while time.monotonic() < kill_at and _alive(pgids):
         time.sleep(0.05)
     _kill(pgids, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="frenzyd.node.supervisor")
-    parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--grace", type=float, default=5.0,
+                        help="SIGTERM this many seconds before the deadline, SIGKILL at it")
     parser.add_argument("--lease", type=float, default=30.0, help="initial lease length in seconds")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the lease (or the daemon's "stop") ends us
@@ -60,17 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     fd = sys.stdin.fileno()
     buf = b""
     while True:
-        left = deadline - time.monotonic()
+        left = deadline - args.grace - time.monotonic()
         if left <= 0:
-            _expire(pgids, args.grace)
+            _expire(pgids, deadline)
             print("EXPIRED", flush=True)
-            return 0
+            return EXPIRED
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
         if not ready:
             continue
         chunk = os.read(fd, 4096)
         if not chunk:  # the daemon is gone
-            _expire(pgids, 0.0)
+            _expire(pgids, time.monotonic())
             return 0
         buf += chunk
         while b"\n" in buf:

@@ -248,3 +248,11 @@ def test_the_first_rank_to_fail_is_named_not_the_lowest() -> None:
     assert (r.state, r.failed_rank) == ("failed", 2)
     assert r.message == "rank 2 exited 1 first"
     assert r.summary()["failed_rank"] == 2
+
+
+def test_a_rank_that_failed_on_its_own_beats_one_killed_for_it() -> None:
+    """The stopped rank's report (-15) may arrive before the failing rank's own (3)."""
+    r = run_attempt(fresh(), ranks(2), now=1)
+    r = step(r, Exits(1, {0: -15}), now=2)
+    r = step(r, Exits(1, {1: 3}), now=3)
+    assert (r.state, r.failed_rank, r.message) == ("failed", 1, "rank 1 exited 3 first")

@@ -21,7 +21,7 @@ SUPERVISORS: list[subprocess.Popen[bytes]] = []
 
 def _supervisor(lease: float) -> subprocess.Popen[bytes]:
     sup = subprocess.Popen([sys.executable, "-m", "frenzyd.node.supervisor", "--lease", str(lease),
-                            "--grace", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                            "--grace", "0.3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     SUPERVISORS.append(sup)
     return sup
 
@@ -61,10 +61,11 @@ def test_an_unrenewed_lease_kills_the_ranks(rank: subprocess.Popen[bytes]) -> No
     sup = _supervisor(lease=1.0)
     _say(sup, f"watch {rank.pid}")
     assert _dead_within(rank, 30)
-    assert rank.returncode == -15  # SIGTERM first
+    assert rank.returncode == -15  # SIGTERM first, a grace before the deadline
     assert sup.stdout is not None
     assert sup.stdout.readline().strip() == b"EXPIRED"
     assert _dead_within(sup, 10)
+    assert sup.returncode == 3
 
 
 def test_renewals_keep_the_ranks_and_stop_leaves_them(rank: subprocess.Popen[bytes]) -> None:
