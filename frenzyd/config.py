@@ -85,6 +85,14 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "after start-up, wait this long to learn a sitting coordinator before claiming the role",
     ),
     ("timing", "request_timeout_s", "5.0", "timeout of one peer request"),
+    (
+        "timing",
+        "lease_timeout_s",
+        "30.0",
+        "a node that cannot renew its jobs' leases this long (frozen, cut off) has its ranks killed by "
+        "their supervisor; the coordinator re-places a silent node's jobs only after lease_timeout_s + "
+        "peer_timeout_s + 2 x heartbeat_s",
+    ),
     ("timing", "shutdown_deadline_s", "10.0", "SIGTERM: stop gracefully within this, then cancel"),
     ("timing", "inventory_refresh_s", "2.0", "interval between GPU inventory refreshes"),
     (
@@ -116,6 +124,20 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "a GPU running any process that is not Frenzy's is not offered, and Frenzy's ranks there are vacated",
     ),
     ("owner", "vacate_grace_s", "30.0", "owner reclaimed a GPU: ranks get SIGTERM, then SIGKILL after this"),
+    (
+        "jobs",
+        "unplaceable_after_s",
+        "3600.0",
+        "the submitter fails a queued job after this long in which no GPU type it has seen in the pool "
+        "(remembered across restarts) could hold it; until then it waits with the reason shown",
+    ),
+    (
+        "jobs",
+        "retention_s",
+        "604800.0",
+        "how long a rank host keeps a finished attempt's exit status and results for a submitter "
+        "that has not acknowledged them (7 days)",
+    ),
 )
 
 ENV_OVERRIDES: Final[Mapping[str, tuple[str, str]]] = {
@@ -237,6 +259,7 @@ class TimingSection:
     peer_timeout_s: float = 4.0
     election_grace_s: float = 4.0
     request_timeout_s: float = 5.0
+    lease_timeout_s: float = 30.0
     shutdown_deadline_s: float = 10.0
     inventory_refresh_s: float = 2.0
 
@@ -258,6 +281,12 @@ class OwnerSection:
 
 
 @dataclass(frozen=True)
+class JobsSection:
+    unplaceable_after_s: float = 3600.0
+    retention_s: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeSection
     network: NetworkSection
@@ -268,12 +297,14 @@ class Config:
     timing: TimingSection
     launcher: LauncherSection
     owner: OwnerSection
+    jobs: JobsSection = JobsSection()
     source: Path | None = None
 
 
 # --- loading --------------------------------------------------------------------------------
 
-_SECTIONS: Final = ("node", "network", "pool", "client", "web", "devices", "timing", "launcher", "owner")
+_SECTIONS: Final = ("node", "network", "pool", "client", "web", "devices", "timing", "launcher", "owner",
+                    "jobs")
 
 
 class _Section:
@@ -500,6 +531,7 @@ def config_from_dict(
         peer_timeout_s=pt,
         election_grace_s=t.float_("election_grace_s", pt, open_lo=False),
         request_timeout_s=t.float_("request_timeout_s", 5.0),
+        lease_timeout_s=t.float_("lease_timeout_s", 30.0),
         shutdown_deadline_s=t.float_("shutdown_deadline_s", 10.0),
         inventory_refresh_s=t.float_("inventory_refresh_s", 2.0),
     )
@@ -530,6 +562,11 @@ def config_from_dict(
         protect_foreign_processes=o.bool_("protect_foreign_processes", True),
         vacate_grace_s=o.float_("vacate_grace_s", 30.0),
     )
+    jb = tables["jobs"]
+    jobs = JobsSection(
+        unplaceable_after_s=jb.float_("unplaceable_after_s", 3600.0),
+        retention_s=jb.float_("retention_s", 7 * 24 * 3600.0),
+    )
     return Config(
         node=node,
         network=network,
@@ -540,6 +577,7 @@ def config_from_dict(
         timing=timing,
         launcher=launcher,
         owner=owner,
+        jobs=jobs,
         source=source,
     )
 

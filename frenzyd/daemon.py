@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import importlib.metadata
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from frenzyd.api.client_api import ClientApi
@@ -40,6 +42,26 @@ from frenzyd.node.launcher import Launcher, RankSpec
 log = logging.getLogger(__name__)
 
 STATE_FILE = "daemon-state.json"
+LOCK_FILE = "frenzyd.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take the exclusive lock of ``data_dir`` for this process's life; return its descriptor.
+
+    ``ConfigError`` (naming the holder's pid) when another process holds it.  ``flock`` locks die
+    with their process, so a crashed daemon never leaves a stale lock behind.
+    """
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"data directory {data_dir} is in use by another frenzyd (pid {holder}); each "
+                          "daemon needs its own [node] data_dir, and one node identity runs once") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def torch_version() -> str:
@@ -145,11 +167,22 @@ class Daemon:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set, then shut down within the configured deadline."""
-        cfg = self.config
+        """Run until ``stop`` is set, then shut down within the configured deadline.
+
+        The data directory is locked for the daemon's life: a second frenzyd on it refuses to start
+        (before it could reap the first one's ranks or answer for its jobs).
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = lock_data_dir(self.data_dir)
+        try:
+            await self._run(stop)
+        finally:
+            os.close(lock)
+
+    async def _run(self, stop: asyncio.Event) -> None:
+        cfg = self.config
         self.launcher = Launcher(self.data_dir, cfg.launcher.run_as, cfg.launcher.rendezvous_ports,
-                                 cfg.launcher.term_grace_s)
+                                 cfg.launcher.term_grace_s, lease_s=cfg.timing.lease_timeout_s)
         self.launcher.reap_leftovers()
         self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids)
         await self.inventory.refresh()
@@ -166,7 +199,7 @@ class Daemon:
         async def send_order(node: str, msg: Body, limit_s: float) -> dict[str, Any]:
             return (await net.send_signed(node, msg.KIND, msg.to_body(), limit_s)).body
 
-        self.orch = Orchestrator(
+        self.orch = orch = Orchestrator(
             node_id=self.node_id, node_name=self.creds.node_name, data_dir=self.data_dir,
             send=send, send_order=send_order,
             view=self.view, gpus=self._gpus, launcher=self.launcher, rank_spec=RankSpec,
@@ -174,7 +207,8 @@ class Daemon:
             collect_results=launcher_mod.collect_results,
             versions=Versions(python_version(), torch_version()),
             max_payload_bytes=cfg.launcher.max_payload_bytes, max_result_bytes=cfg.launcher.max_result_bytes,
-            heartbeat_s=cfg.timing.heartbeat_s,
+            heartbeat_s=cfg.timing.heartbeat_s, lease_timeout_s=cfg.timing.lease_timeout_s,
+            retention_s=cfg.jobs.retention_s, unplaceable_after_s=cfg.jobs.unplaceable_after_s,
             socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
         )
         for kind, handler in self.orch.handlers().items():
@@ -183,6 +217,12 @@ class Daemon:
                                       "reason", lambda: net.dropped)
         self.metrics.add_count_source("frenzy_peer_auth_refused", "Peers/orders refused by auth, by reason",
                                       "reason", lambda: net.auth_refusals)
+        self.metrics.add_count_source(
+            "frenzy_stale_attempts_refused", "Messages refused because they were about an attempt of a job "
+            "that is not its current one, by message kind", "kind", lambda: orch.ctx.fenced)
+        self.metrics.add_count_source(
+            "frenzy_job_records_quarantined", "Unreadable job records moved to data_dir/quarantine/jobs",
+            "store", lambda: {"jobs": orch.store.quarantined})
         orch_stop = asyncio.Event()
         discovery: Any = None
         try:

@@ -77,6 +77,7 @@ class NodeConf:
     priority: int = 0
     heartbeat_s: float = 0.5
     peer_timeout_s: float = 2.0
+    lease_timeout_s: float = 30.0
     rendezvous_ports: tuple[int, int] = (29400, 29499)
 
     @property
@@ -105,7 +106,8 @@ class NodeConf:
             "", "[pool]", f"credentials = {json.dumps(str(self.credentials))}", "",
             "[client]", f"listen = {json.dumps('unix:' + str(self.socket))}", "",
             "[web]", f"listen = {json.dumps(self.web)}", "",
-            "[timing]", f"heartbeat_s = {self.heartbeat_s}", f"peer_timeout_s = {self.peer_timeout_s}", "",
+            "[timing]", f"heartbeat_s = {self.heartbeat_s}", f"peer_timeout_s = {self.peer_timeout_s}",
+            f"lease_timeout_s = {self.lease_timeout_s}", "",
             "[launcher]", f"rendezvous_ports = [{self.rendezvous_ports[0]}, {self.rendezvous_ports[1]}]",
             "term_grace_s = 2.0", "",
         ]

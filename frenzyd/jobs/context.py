@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,13 +71,24 @@ class RoleContext:
     """Re-run the scheduling pass soon."""
     clock: Callable[[], float] = time.time
     heartbeat_s: float = 1.0
+    lease_timeout_s: float = 30.0
+    """How long a node's ranks outlive its daemon's silence (their supervisor kills them then)."""
+    fenced: Counter[str] = field(default_factory=Counter)
+    """Messages refused because they were about another attempt than the job's current one, by kind
+    (``frenzy_stale_attempts_refused_total``)."""
+
+    def stale(self, kind: str, why: object) -> None:
+        """Count and log one refusal of a stale attempt's message."""
+        self.fenced[kind] += 1
+        log.info("refused %s: %s", kind, why)
 
 
 @dataclass
 class RankRun:
-    """Ranks of one job running on this node."""
+    """Ranks of one attempt of a job running on this node."""
 
     job_id: str
+    attempt: int
     term: int
     submitter: str
     record: JobRecord
@@ -86,10 +98,16 @@ class RankRun:
     out_bytes: int = 0
     dropped: int = 0
     out_event: asyncio.Event = field(default_factory=asyncio.Event)
+    pumped: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the output pump has delivered (or given up on) everything after the ranks exited."""
     done: bool = False
     vacated: str = ""
     """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
     hosts_store: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.attempt)
 
 
 async def guard(coro: Coroutine[Any, Any, Any], name: str) -> None:

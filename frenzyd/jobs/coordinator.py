@@ -17,8 +17,11 @@ from frenzyd.jobs.context import (
     host_of,
     own_codes,
 )
+from frenzyd.jobs.lifecycle import Cancel, Exits, Placed, Requeue, StaleAttempt, Wait, step
 from frenzyd.jobs.messages import (
     Ack,
+    AttemptAck,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobLaunch,
@@ -35,10 +38,8 @@ from frenzyd.jobs.model import (
     JobRecord,
     JobTable,
     RankAssignment,
-    record_exits,
-    transition,
 )
-from frenzyd.jobs.placement import OfferedGpu, PeerOffer, Placement, QueuedJob, schedule
+from frenzyd.jobs.placement import PeerOffer, Placement, QueuedJob, offers_from_reports, schedule
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class CoordinatorRole:
         self._table_term = -1
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
+        self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
 
     def ensure_table(self, v: ClusterView) -> None:
         """Start a fresh soft job table when this node becomes coordinator of a new term."""
@@ -62,16 +64,32 @@ class CoordinatorRole:
             log.info("no longer coordinator; dropping the soft job table")
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
 
+    def replace_after_s(self) -> float:
+        """How long a peer must have been out of the view before its jobs are placed elsewhere: by
+        then its ranks' supervisor has killed them (the lease deadline passed), so an attempt
+        never runs twice at once.  The peer table already waited ``peer_timeout_s``."""
+        return self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s
+
     async def tick(self, v: ClusterView) -> None:
-        """One coordinator pass: requeue jobs whose peers are gone, then place the queue."""
-        for rec in self.table.running():
+        """One coordinator pass: requeue jobs whose peers are gone for good, then place the queue."""
+        now = self.ctx.clock()
+        running = self.table.running()
+        busy_peers = {p for rec in running for p in rec.peers()}
+        for p in list(self._silent_since):
+            if p in v.peers or p not in busy_peers:
+                del self._silent_since[p]
+        for rec in running:
             gone = [p for p in rec.peers() if p not in v.peers]
-            if gone:
-                log.warning("job %s: peer %s lost; stopping its other ranks and requeueing it",
-                            rec.id, gone[0][:12])
-                self.table.update(transition(rec, "queued", now=self.ctx.clock(),
-                                             message=f"peer {gone[0][:12]} lost"))
+            for p in gone:
+                self._silent_since.setdefault(p, now)
+            lost = [p for p in gone if now - self._silent_since[p] >= self.replace_after_s()]
+            if lost:
+                log.warning("job %s: peer %s silent for %.0fs; stopping its other ranks and requeueing it",
+                            rec.id, lost[0][:12], now - self._silent_since[lost[0]])
+                requeued = step(rec, Requeue(rec.attempt, f"peer {lost[0][:12]} lost"), now=now)
+                self.table.update(requeued)
                 self._unreserve(rec.id)
+                self.ctx.spawn(self._tell_submitter(requeued), f"tell {rec.id}")
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
         queue = [QueuedJob(q.id, q.spec, q.created_at)
@@ -80,13 +98,15 @@ class CoordinatorRole:
             return
         sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.ctx.clock())
         for job_id, reason in sched.infeasible:
+            # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
+            # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
             cur = self.table.get(job_id)
-            if cur is None or cur.state != "queued":
+            if cur is None or cur.state != "queued" or cur.phase != "waiting" or cur.message == reason:
                 continue
-            failed = transition(cur, "failed", now=self.ctx.clock(), message=reason)
-            self.table.update(failed)
-            log.info("job %s cannot run in this pool: %s", job_id, reason)
-            self.ctx.spawn(self._tell_submitter(failed), f"tell {job_id}")
+            waiting = step(cur, Wait(reason), now=self.ctx.clock())
+            self.table.update(waiting)
+            log.info("job %s waits: %s", job_id, reason)
+            self.ctx.spawn(self._tell_submitter(waiting), f"tell {job_id}")
         for job_id, pl in sched.start:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued" or job_id in self._placing:
@@ -97,48 +117,50 @@ class CoordinatorRole:
             self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
-        offers = []
-        for nid, rep in sorted(v.peers.items()):
-            gpus = []
-            for g in rep.get("gpus") or ():
-                try:
-                    gpus.append(OfferedGpu(
-                        uuid=str(g["uuid"]), index=int(g["index"]), type=str(g["type"]),
-                        memory_bytes=int(g["memory_bytes"]), free_bytes=int(g["free_bytes"]),
-                        simulated=bool(g.get("simulated")),
-                        available=bool(g.get("offered")) and g.get("leased_to") is None
-                        and str(g["uuid"]) not in self._reserved,
-                    ))
-                except (KeyError, TypeError, ValueError):
-                    continue
-            offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
-                                    str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus)))
-        return offers
+        return offers_from_reports(v.peers, self._reserved)
 
     def _unreserve(self, job_id: str) -> None:
         for g in [g for g, j in self._reserved.items() if j == job_id]:
             del self._reserved[g]
 
+    async def _begin_attempt(self, rec: JobRecord, term: int) -> int:
+        """Ask the submitter for the job's next attempt number (0: it will not run; table updated)."""
+        reply = await self.ctx.send(rec.submitter, JobAttempt(rec.id, term, rec.attempt), SEND_TIMEOUT_S)
+        ack = Ack.from_body(reply)
+        if not ack.ok:
+            raise LaunchError(f"the submitter refused a new attempt: {ack.reason}")
+        attempt = reply.get("attempt")
+        if attempt == 0:
+            state = reply.get("state")
+            if state in TERMINAL:  # finished or cancelled while queued here: forget our stale copy
+                self.table.drop(rec.id)
+            return 0
+        return AttemptAck.attempt_of(reply)
+
     async def _start(self, rec: JobRecord, pl: Placement, v: ClusterView) -> None:
-        """Lease on every chosen peer, launch rank 0's peer (store), then the others."""
+        """Get an attempt number, lease on every chosen peer, launch rank 0's peer (store), then the rest."""
         term = v.term
         by_peer: dict[str, list[RankAssignment]] = {}
         for r in pl.ranks:
             by_peer.setdefault(r.peer, []).append(r)
         granted: list[str] = []
         launched: list[str] = []
+        attempt = 0
         try:
+            attempt = await self._begin_attempt(rec, term)
+            if attempt == 0:
+                self._unreserve(rec.id)
+                return
             for peer, ranks in by_peer.items():
                 ack = Ack.from_body(await self.ctx.send(
-                    peer, LeaseRequest(rec.id, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
+                    peer, LeaseRequest(rec.id, attempt, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
                 if not ack.ok:
                     raise LeaseError(f"peer {peer[:12]} refused the lease: {ack.reason}")
                 granted.append(peer)
-            running = transition(rec, "running", now=self.ctx.clock(), plan=pl.plan,
-                                 ranks=pl.ranks, term=term, message="placed")
+            running = step(rec, Placed(attempt, pl.ranks, term, pl.plan), now=self.ctx.clock())
             rank0 = pl.ranks[0].peer
             host0 = host_of(str(v.peers.get(rank0, {}).get("address", "")))
-            order = JobLaunch(rec.id, term, running, host0, master_port=0, start_store=True,
+            order = JobLaunch(rec.id, attempt, term, running, host0, master_port=0, start_store=True,
                               backend=pl.backend)
             reply = await self.ctx.send_order(rank0, order, LAUNCH_TIMEOUT_S)
             launched.append(rank0)
@@ -163,20 +185,24 @@ class CoordinatorRole:
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
                 state = await self._tell_submitter(running)
                 if state in TERMINAL:  # the submitter finished it meanwhile (cancelled): undo
-                    self.table.update(transition(running, "cancelled", now=self.ctx.clock(),
-                                                 message=f"submitter says {state}"))
+                    self.table.update(step(running, Cancel(f"submitter says {state}"), now=self.ctx.clock()))
+                    self._unreserve(rec.id)
                     await self._stop_everywhere(running, term)
             else:  # cancelled while we were launching
+                self._unreserve(rec.id)
                 await self._stop_everywhere(running, term)
         except (FrenzyError, OSError) as exc:
-            log.warning("job %s: placement failed (%s); it stays queued", rec.id, exc)
-            stub = transition(rec, "running", now=self.ctx.clock(), ranks=pl.ranks, term=term)
+            log.warning("job %s: placement of attempt %d failed (%s); it stays queued", rec.id, attempt, exc)
             if launched:
-                await self._stop_everywhere(stub, term, only=launched)
+                await self._stop_everywhere(rec, term, only=launched, attempt=attempt)
             for peer in granted:
                 with contextlib.suppress(FrenzyError, OSError):
-                    await self.ctx.send(peer, LeaseRelease(rec.id, term), SEND_TIMEOUT_S)
+                    await self.ctx.send(peer, LeaseRelease(rec.id, attempt, term), SEND_TIMEOUT_S)
             self._unreserve(rec.id)
+            if attempt:  # the submitter's record is placing this attempt: back to waiting
+                back = replace(rec, attempt=attempt, message=f"placement failed: {exc}")
+                with contextlib.suppress(FrenzyError, OSError):
+                    await self.ctx.send(rec.submitter, JobState(back), SEND_TIMEOUT_S)
         finally:
             self._placing.discard(rec.id)
 
@@ -192,10 +218,13 @@ class CoordinatorRole:
                 return StateAck.state_of(reply)
         return None
 
-    async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None) -> None:
+    async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None,
+                               attempt: int | None = None) -> None:
+        """Stop the ranks of ``rec``'s attempt (or ``attempt``) on its peers (or ``only`` these)."""
+        stop = JobStop(rec.id, rec.attempt if attempt is None else attempt, term)
         for peer in only if only is not None else rec.peers():
             try:
-                await self.ctx.send_order(peer, JobStop(rec.id, term), SEND_TIMEOUT_S)
+                await self.ctx.send_order(peer, stop, SEND_TIMEOUT_S)
             except (FrenzyError, OSError) as exc:
                 log.info("job %s: stop order to %s failed: %s", rec.id, peer[:12], exc)
 
@@ -213,10 +242,13 @@ class CoordinatorRole:
                 self.table.submit(theirs)
             elif theirs.state == "running":
                 self.table.adopt(theirs)
-        elif known.state == "running" and theirs.state == "queued" and theirs.attempts >= known.attempts:
+        elif known.state == "running" and theirs.state == "queued" and theirs.attempt >= known.attempt:
             self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
+        elif known.state == "queued" and theirs.state == "running" and theirs.attempt > known.attempt \
+                and theirs.id not in self._placing:
+            self.table.update(theirs)  # placed by an earlier coordinator: running, not queued
         self.ctx.wake()
         return Ack()
 
@@ -228,7 +260,7 @@ class CoordinatorRole:
             return Ack(False, "only the submitter can cancel a job")
         if rec.terminal:
             return StateAck(rec.state)
-        self.table.update(transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user"))
+        self.table.update(step(rec, Cancel(), now=self.ctx.clock()))
         if rec.state == "running":
             await self._stop_everywhere(rec, self.ctx.view().term)
         self._unreserve(rec.id)
@@ -239,17 +271,30 @@ class CoordinatorRole:
         """A peer's ranks of a job exited: requeue (vacated) or record the exit codes."""
         job_id = msg.job_id
         known = self.table.get(job_id)
-        current = known is not None and known.state == "running" and known.term == msg.term
-        if known is not None and current and msg.vacated:
-            self.table.update(transition(known, "queued", now=self.ctx.clock(),
-                                         message=f"peer {peer[:12]} stopped while running ranks"))
-            self._unreserve(job_id)
-            others = [p for p in known.peers() if p != peer]
-            await self._stop_everywhere(known, self.ctx.view().term, only=others)
-            self.ctx.wake()
-        elif known is not None and current:
-            done = record_exits(known, own_codes(msg.exit_codes, known, peer), now=self.ctx.clock())
-            self.table.update(done)
-            if done.terminal:
+        if known is None:
+            return
+        try:
+            if known.state == "running" and msg.vacated:
+                why = f"peer {peer[:12]} stopped while running ranks"
+                self.table.update(step(known, Requeue(msg.attempt, why), now=self.ctx.clock()))
                 self._unreserve(job_id)
+                others = [p for p in known.peers() if p != peer]
+                await self._stop_everywhere(known, self.ctx.view().term, only=others)
                 self.ctx.wake()
+                return
+            codes = own_codes(msg.exit_codes, known, peer)
+            done = step(known, Exits(msg.attempt, codes), now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale(JobExit.KIND, exc)
+            return
+        self.table.update(done)
+        if done.terminal:
+            self._unreserve(job_id)
+            self.ctx.wake()
+        elif done.failed_rank is not None and known.failed_rank is None:
+            # torchrun's semantics: one rank failing stops the others (a peer waiting in
+            # init_process_group for a dead rank would otherwise hold its GPUs for minutes).
+            others = [p for p in done.peers() if p != peer]
+            log.info("job %s: rank %d exited %d; stopping its other ranks", job_id, done.failed_rank,
+                     done.exit_codes[done.failed_rank])
+            await self._stop_everywhere(done, self.ctx.view().term, only=others)

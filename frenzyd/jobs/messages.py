@@ -67,41 +67,66 @@ class JobState(Body):
         return cls(JobRecord.from_dict(body["record"]))
 
 
-@message("lease.request", Schema(required={"job_id": str, "gpus": list, "term": int}))
+@message("job.attempt", Schema(required={"job_id": str, "term": int, "after": int}))
 @dataclass(frozen=True, slots=True)
-class LeaseRequest(Body):
-    """Coordinator -> GPU owner: lease these GPUs to the job (the owner may refuse)."""
+class JobAttempt(Body):
+    """Coordinator -> submitter: about to place the job; allocate its next attempt number.
+
+    ``after`` is the attempt the coordinator knows; the submitter answers with ``AttemptAck``
+    (its record's attempt + 1, persisted before the reply) or refuses (job over, or running).
+    """
 
     job_id: str
+    term: int
+    after: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "term": self.term, "after": self.after}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["job_id"], body["term"], body["after"])
+
+
+@message("lease.request", Schema(required={"job_id": str, "attempt": int, "gpus": list, "term": int}))
+@dataclass(frozen=True, slots=True)
+class LeaseRequest(Body):
+    """Coordinator -> GPU owner: lease these GPUs to the job's attempt (the owner may refuse)."""
+
+    job_id: str
+    attempt: int
     gpus: tuple[str, ...]
     term: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "gpus": list(self.gpus), "term": self.term}
+        return {"job_id": self.job_id, "attempt": self.attempt, "gpus": list(self.gpus), "term": self.term}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], tuple(g for g in body["gpus"] if isinstance(g, str)), body["term"])
+        return cls(body["job_id"], body["attempt"], tuple(g for g in body["gpus"] if isinstance(g, str)),
+                   body["term"])
 
 
-@message("lease.release", Schema(required={"job_id": str, "term": int}))
+@message("lease.release", Schema(required={"job_id": str, "attempt": int, "term": int}))
 @dataclass(frozen=True, slots=True)
 class LeaseRelease(Body):
-    """Coordinator -> GPU owner: drop a lease whose launch will not come."""
+    """Coordinator -> GPU owner: drop an attempt's lease whose launch will not come."""
 
     job_id: str
+    attempt: int
     term: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "term": self.term}
+        return {"job_id": self.job_id, "attempt": self.attempt, "term": self.term}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["term"])
+        return cls(body["job_id"], body["attempt"], body["term"])
 
 
-@message("job.launch", Schema(required={"job_id": str, "term": int, "record": dict, "master_addr": str,
-                                        "master_port": int, "start_store": bool, "backend": str}))
+@message("job.launch", Schema(required={"job_id": str, "attempt": int, "term": int, "record": dict,
+                                        "master_addr": str, "master_port": int, "start_store": bool,
+                                        "backend": str}))
 @dataclass(frozen=True, slots=True)
 class JobLaunch(Body):
     """Coordinator -> GPU owner (signed): start this node's ranks of the placed record.
@@ -111,6 +136,7 @@ class JobLaunch(Body):
     """
 
     job_id: str
+    attempt: int
     term: int
     record: JobRecord
     master_addr: str
@@ -119,47 +145,52 @@ class JobLaunch(Body):
     backend: str
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "term": self.term, "record": self.record.to_dict(),
-                "master_addr": self.master_addr, "master_port": self.master_port,
-                "start_store": self.start_store, "backend": self.backend}
+        return {"job_id": self.job_id, "attempt": self.attempt, "term": self.term,
+                "record": self.record.to_dict(), "master_addr": self.master_addr,
+                "master_port": self.master_port, "start_store": self.start_store, "backend": self.backend}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["term"], JobRecord.from_dict(body["record"]), body["master_addr"],
+        record = JobRecord.from_dict(body["record"])
+        if record.id != body["job_id"] or record.attempt != body["attempt"]:
+            raise WireError("job.launch: the record is not the ordered job's attempt")
+        return cls(body["job_id"], body["attempt"], body["term"], record, body["master_addr"],
                    body["master_port"], body["start_store"], body["backend"])
 
 
-@message("job.stop", Schema(required={"job_id": str, "term": int}))
+@message("job.stop", Schema(required={"job_id": str, "attempt": int, "term": int}))
 @dataclass(frozen=True, slots=True)
 class JobStop(Body):
-    """Coordinator -> GPU owner (signed): stop the job's ranks here."""
+    """Coordinator -> GPU owner (signed): stop the ranks of the job's attempt here."""
 
     job_id: str
+    attempt: int
     term: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "term": self.term}
+        return {"job_id": self.job_id, "attempt": self.attempt, "term": self.term}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["term"])
+        return cls(body["job_id"], body["attempt"], body["term"])
 
 
-@message("payload.fetch", Schema(required={"job_id": str, "offset": int, "length": int}))
+@message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int}))
 @dataclass(frozen=True, slots=True)
 class PayloadFetch(Body):
-    """GPU owner -> submitter: the next chunk of the job's packed directory."""
+    """GPU owner -> submitter: the next chunk of the job's packed directory, for an attempt."""
 
     job_id: str
+    attempt: int
     offset: int
     length: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "offset": self.offset, "length": self.length}
+        return {"job_id": self.job_id, "attempt": self.attempt, "offset": self.offset, "length": self.length}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["offset"], body["length"])
+        return cls(body["job_id"], body["attempt"], body["offset"], body["length"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,16 +202,19 @@ class OutputChunk:
     data: bytes
 
 
-@message("job.output", Schema(required={"job_id": str, "chunks": list}))
+@message("job.output", Schema(required={"job_id": str, "attempt": int, "chunks": list}))
 @dataclass(frozen=True, slots=True)
 class JobOutput(Body):
-    """GPU owner -> submitter: a batch of rank output, in order.  Malformed chunks are dropped."""
+    """GPU owner -> submitter: a batch of an attempt's rank output, in order.  Malformed chunks
+    are dropped."""
 
     job_id: str
+    attempt: int
     chunks: tuple[OutputChunk, ...]
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "chunks": [[c.rank, c.stream, c.data] for c in self.chunks]}
+        return {"job_id": self.job_id, "attempt": self.attempt,
+                "chunks": [[c.rank, c.stream, c.data] for c in self.chunks]}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
@@ -189,28 +223,32 @@ class JobOutput(Body):
             if isinstance(ch, list) and len(ch) == 3 and type(ch[0]) is int
             and isinstance(ch[1], str) and isinstance(ch[2], bytes)
         )
-        return cls(body["job_id"], chunks)
+        return cls(body["job_id"], body["attempt"], chunks)
 
 
-@message("job.results", Schema(required={"job_id": str, "offset": int, "total": int, "data": bytes}))
+@message("job.results", Schema(required={"job_id": str, "attempt": int, "offset": int, "total": int,
+                                         "data": bytes}))
 @dataclass(frozen=True, slots=True)
 class JobResults(Body):
-    """Rank 0's host -> submitter: one chunk of the files rank 0 wrote under its output directory."""
+    """Rank 0's host -> submitter: one chunk of the files rank 0 of an attempt wrote under its
+    output directory."""
 
     job_id: str
+    attempt: int
     offset: int
     total: int
     data: bytes
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "offset": self.offset, "total": self.total, "data": self.data}
+        return {"job_id": self.job_id, "attempt": self.attempt, "offset": self.offset, "total": self.total,
+                "data": self.data}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["offset"], body["total"], body["data"])
+        return cls(body["job_id"], body["attempt"], body["offset"], body["total"], body["data"])
 
 
-@message("job.exit", Schema(required={"job_id": str, "term": int, "codes": list, "peer": str},
+@message("job.exit", Schema(required={"job_id": str, "attempt": int, "term": int, "codes": list, "peer": str},
                             optional={"record": dict, "vacated": bool, "reason": str}))
 @dataclass(frozen=True, slots=True)
 class JobExit(Body):
@@ -221,6 +259,7 @@ class JobExit(Body):
     """
 
     job_id: str
+    attempt: int
     term: int
     codes: tuple[tuple[int, int], ...]
     peer: str
@@ -229,7 +268,7 @@ class JobExit(Body):
     reason: str = ""
 
     def to_body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"job_id": self.job_id, "term": self.term,
+        body: dict[str, Any] = {"job_id": self.job_id, "attempt": self.attempt, "term": self.term,
                                 "codes": [[r, c] for r, c in self.codes], "peer": self.peer}
         if self.record is not None:
             body["record"] = self.record.to_dict()
@@ -242,7 +281,7 @@ class JobExit(Body):
                       if isinstance(c, list) and len(c) == 2
                       and all(isinstance(x, int) and not isinstance(x, bool) for x in c))
         record = None if body.get("record") is None else JobRecord.from_dict(body["record"])
-        return cls(body["job_id"], body["term"], codes, body["peer"], record,
+        return cls(body["job_id"], body["attempt"], body["term"], codes, body["peer"], record,
                    bool(body.get("vacated", False)), str(body.get("reason", "")))
 
     @property
@@ -250,19 +289,21 @@ class JobExit(Body):
         return dict(self.codes)
 
 
-@message("job.finished", Schema(required={"job_id": str}))
+@message("job.finished", Schema(required={"job_id": str, "attempt": int}))
 @dataclass(frozen=True, slots=True)
 class JobFinished(Body):
-    """Submitter -> the job's peers: the job is over (rank 0's host closes its rendezvous store)."""
+    """Submitter -> the attempt's peers: the job is over (rank 0's host closes the attempt's
+    rendezvous store)."""
 
     job_id: str
+    attempt: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id}
+        return {"job_id": self.job_id, "attempt": self.attempt}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"])
+        return cls(body["job_id"], body["attempt"])
 
 
 # --- replies (sent as ``ok`` frames) ---------------------------------------------------------
@@ -303,6 +344,25 @@ class StateAck(Reply):
     def state_of(cls, body: Mapping[str, Any]) -> str | None:
         state = body.get("state")
         return state if isinstance(state, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptAck(Reply):
+    """The submitter allocated (and persisted) this attempt number for the placement; attempt 0
+    means it did not, and ``state`` says why (the job is running or over)."""
+
+    attempt: int
+    state: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ok": True, "attempt": self.attempt, "state": self.state}
+
+    @classmethod
+    def attempt_of(cls, body: Mapping[str, Any]) -> int:
+        attempt = body.get("attempt")
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise WireError("attempt reply carries no attempt number")
+        return attempt
 
 
 @dataclass(frozen=True, slots=True)

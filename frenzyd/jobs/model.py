@@ -2,9 +2,9 @@
 
 Pure: no clocks (``now`` is passed in), no I/O.  Three state holders live here:
 
-* ``JobRecord`` + ``transition`` -- one job's lifecycle
-  (queued -> running -> succeeded | failed | cancelled, running -> queued on requeue).
-  The submitting daemon keeps the authoritative record.
+* ``JobRecord`` -- one job (its lifecycle, the events that move it, lives in
+  ``frenzyd.jobs.lifecycle``).  The submitting daemon keeps the authoritative record; records
+  carry a ``schema`` number and older schemas are migrated when read (``migrate_record``).
 * ``JobTable`` -- the coordinator's soft view of all jobs (rebuilt from peers' reports).
 * ``LeaseTable`` -- one daemon's authority over its own GPUs: a GPU is leased to at most one
   job at a time and orders carrying a term older than the highest seen are refused.
@@ -23,16 +23,18 @@ JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL: frozenset[JobState] = frozenset({"succeeded", "failed", "cancelled"})
 
-_ALLOWED: dict[JobState, frozenset[JobState]] = {
-    "queued": frozenset({"running", "failed", "cancelled"}),
-    "running": frozenset({"queued", "succeeded", "failed", "cancelled"}),
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
+PHASES: dict[JobState, frozenset[str]] = {
+    "queued": frozenset({"waiting", "placing"}),
+    "running": frozenset({"running"}),
+    "succeeded": frozenset({"done"}),
+    "failed": frozenset({"done"}),
+    "cancelled": frozenset({"done"}),
 }
+"""The phases each state allows (``frenzyd.jobs.lifecycle`` explains them)."""
 
-MAX_ATTEMPTS = 3
-"""A job requeued this many times (peer lost, owner reclaimed its GPU) is failed instead."""
+RECORD_SCHEMA = 2
+"""Version of the job record's dict form.  1: main before attempts (no ``schema`` key, ``attempts``
+counted starts).  2: ``attempt`` (the current attempt's number), ``lost``, ``phase``."""
 
 MAX_NPROC = 1024
 MAX_STEPS = 10**9
@@ -314,12 +316,19 @@ class JobRecord:
     updated_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
-    attempts: int = 0
+    attempt: int = 0
+    """Number of the current (or last) attempt; 0 before the first.  Only grows (lifecycle)."""
+    lost: int = 0
+    """Started attempts that were lost (ranks gone, GPUs vacated); the job fails past ``MAX_LOST``."""
+    phase: str = "waiting"
+    """Detail of ``state`` (``frenzyd.jobs.lifecycle.PHASES``)."""
     term: int = 0
     """Term of the coordinator that placed the current attempt (0 while queued)."""
     plan: JobPlan | None = None
     ranks: tuple[RankAssignment, ...] = ()
     exit_codes: dict[int, int] = field(default_factory=dict)
+    failed_rank: int | None = None
+    """The attempt's first rank to exit non-zero (None while none has)."""
     message: str = ""
 
     @property
@@ -343,11 +352,15 @@ class JobRecord:
             "id": self.id,
             "name": self.spec.name,
             "state": self.state,
+            "phase": self.phase,
+            "reason": self.message,
+            "attempt": self.attempt,
+            "failed_rank": self.failed_rank,
             "submitter": self.submitter,
             "submitter_name": self.submitter_name,
             "plan": None if self.plan is None else self.plan.to_dict(),
             "ranks": [{"rank": r.rank, "peer": r.peer, "gpu": r.gpu} for r in self.ranks],
-            "attempts": self.attempts,
+            "attempts": self.attempt,
             "term": self.term,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -357,6 +370,7 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         """Everything, for the record file and the wire."""
         return {
+            "schema": RECORD_SCHEMA,
             "id": self.id,
             "spec": self.spec.to_dict(),
             "submitter": self.submitter,
@@ -366,21 +380,28 @@ class JobRecord:
             "updated_at": self.updated_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "attempts": self.attempts,
+            "attempt": self.attempt,
+            "lost": self.lost,
+            "phase": self.phase,
             "term": self.term,
             "plan": None if self.plan is None else self.plan.to_dict(),
             "ranks": [r.to_dict() for r in self.ranks],
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
+            "failed_rank": self.failed_rank,
             "message": self.message,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobRecord:
-        """Parse a record (file or wire); raise ``WireError`` when it is malformed."""
+        """Parse a record (file or wire) of any known schema; raise ``WireError`` when it is malformed
+        or written by a newer frenzyd."""
+        d = migrate_record(d)
         try:
             state = d["state"]
             if state not in JOB_STATES:
                 raise WireError(f"job record: unknown state {state!r}")
+            if d["phase"] not in PHASES[state]:
+                raise WireError(f"job record: phase {d['phase']!r} is not one of state {state}'s")
             job_id = str(d["id"])
             if not valid_job_id(job_id):
                 raise WireError(f"job record: bad job id {job_id!r}")
@@ -395,15 +416,43 @@ class JobRecord:
                 updated_at=float(d.get("updated_at") or 0.0),
                 started_at=None if d.get("started_at") is None else float(d["started_at"]),
                 finished_at=None if d.get("finished_at") is None else float(d["finished_at"]),
-                attempts=int(d.get("attempts") or 0),
+                attempt=int(d["attempt"]),
+                lost=int(d["lost"]),
+                phase=str(d["phase"]),
                 term=int(d.get("term") or 0),
                 plan=plan,
                 ranks=tuple(RankAssignment.from_dict(r) for r in d.get("ranks") or ()),
                 exit_codes={int(k): int(v) for k, v in (d.get("exit_codes") or {}).items()},
+                failed_rank=None if d.get("failed_rank") is None else int(d["failed_rank"]),
                 message=str(d.get("message") or ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"job record: {exc!r}") from None
+
+
+_PHASE_OF_STATE = {"queued": "waiting", "running": "running", "succeeded": "done", "failed": "done",
+                   "cancelled": "done"}
+
+
+def migrate_record(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The dict form of a record of any known schema, as the current schema; ``WireError`` when
+    ``d`` is not a mapping or comes from a newer frenzyd (upgrade this node first)."""
+    if not isinstance(d, Mapping):
+        raise WireError("job record: must be a mapping")
+    schema = d.get("schema", 1)
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        raise WireError(f"job record: bad schema {schema!r}")
+    if schema > RECORD_SCHEMA:
+        raise WireError(f"job record: schema {schema} is newer than this frenzyd understands "
+                        f"({RECORD_SCHEMA}); upgrade frenzyd on this node")
+    if schema == 1:  # starts were counted in ``attempts``; each restart was a lost attempt
+        out = dict(d)
+        starts = out.pop("attempts", 0)
+        starts = starts if isinstance(starts, int) and not isinstance(starts, bool) and starts >= 0 else 0
+        out.update(schema=2, attempt=starts, lost=max(0, starts - 1),
+                   phase=_PHASE_OF_STATE.get(str(out.get("state")), "waiting"))
+        return out
+    return d
 
 
 def new_record(job_id: str, spec: JobSpec, submitter: str, submitter_name: str, now: float) -> JobRecord:
@@ -412,64 +461,6 @@ def new_record(job_id: str, spec: JobSpec, submitter: str, submitter_name: str, 
         raise ConfigError(f"bad job id {job_id!r}: letters, digits, '.', '_' and '-' only")
     spec.validate()
     return JobRecord(job_id, spec, submitter, submitter_name, created_at=now, updated_at=now)
-
-
-def transition(
-    rec: JobRecord,
-    to: JobState,
-    *,
-    now: float,
-    message: str = "",
-    plan: JobPlan | None = None,
-    ranks: Iterable[RankAssignment] = (),
-    term: int = 0,
-) -> JobRecord:
-    """Move ``rec`` to state ``to``; raise ``JobStateError`` for a move the lifecycle forbids.
-
-    ``running`` needs the placement (``plan``, ``ranks``, ``term``) and starts a new attempt.
-    ``queued`` (from running) is a requeue: the placement is dropped; past ``MAX_ATTEMPTS``
-    the job fails instead.  Terminal states are final.
-    """
-    if to not in _ALLOWED[rec.state]:
-        raise JobStateError(f"job {rec.id}: cannot go from {rec.state} to {to}")
-    if to == "running":
-        ranks_t = tuple(sorted(ranks, key=lambda r: r.rank))
-        if not ranks_t or [r.rank for r in ranks_t] != list(range(len(ranks_t))):
-            raise JobStateError(f"job {rec.id}: a running job needs ranks 0..N-1")
-        return replace(
-            rec, state="running", updated_at=now, started_at=now, plan=plan, ranks=ranks_t,
-            term=term, exit_codes={}, attempts=rec.attempts + 1, message=message,
-        )
-    if to == "queued":
-        if rec.attempts >= MAX_ATTEMPTS:
-            return replace(
-                rec, state="failed", updated_at=now, finished_at=now,
-                message=f"gave up after {rec.attempts} attempts: {message}",
-            )
-        return replace(rec, state="queued", updated_at=now, plan=None, ranks=(), term=0,
-                       exit_codes={}, message=message)
-    return replace(rec, state=to, updated_at=now, finished_at=now, message=message or rec.message)
-
-
-def record_exits(rec: JobRecord, codes: Mapping[int, int], *, now: float) -> JobRecord:
-    """Add rank exit codes of the current attempt; finish the job once every rank has exited.
-
-    All zero -> succeeded; any non-zero -> failed (the message names the first failed rank).
-    Codes for ranks outside the attempt are ignored; a job not running is returned unchanged.
-    """
-    if rec.state != "running":
-        return rec
-    merged = dict(rec.exit_codes)
-    for rank, code in codes.items():
-        if 0 <= rank < rec.world_size:
-            merged[rank] = code
-    rec = replace(rec, exit_codes=merged, updated_at=now)
-    if len(merged) < rec.world_size:
-        return rec
-    bad = sorted(r for r, c in merged.items() if c != 0)
-    if not bad:
-        return transition(rec, "succeeded", now=now, message="all ranks exited 0")
-    return transition(rec, "failed", now=now, message=f"rank {bad[0]} exited {merged[bad[0]]}")
 
 
 class JobTable:
@@ -523,6 +514,10 @@ class JobTable:
             raise JobStateError(f"job {rec.id} is not in the table")
         self._jobs[rec.id] = rec
 
+    def drop(self, job_id: str) -> None:
+        """Forget a job (its submitter says it is over)."""
+        self._jobs.pop(job_id, None)
+
     def forget_finished(self, keep: int) -> None:
         """Drop the oldest terminal jobs beyond ``keep`` (bounded memory)."""
         done = [r for r in self.all() if r.terminal]
@@ -532,9 +527,10 @@ class JobTable:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """GPUs of this node promised to one job by the coordinator of ``term``."""
+    """GPUs of this node promised to attempt ``attempt`` of one job by the coordinator of ``term``."""
 
     job_id: str
+    attempt: int
     gpus: tuple[str, ...]
     term: int
     coordinator: str
@@ -542,7 +538,7 @@ class Lease:
     launched: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "gpus": list(self.gpus), "term": self.term,
+        return {"job_id": self.job_id, "attempt": self.attempt, "gpus": list(self.gpus), "term": self.term,
                 "coordinator": self.coordinator, "launched": self.launched}
 
 
@@ -550,11 +546,13 @@ class LeaseTable:
     """A daemon's authority over its own GPUs.
 
     Invariants: a GPU is in at most one lease; a grant or order with a term lower than the
-    highest term seen is refused (a deposed coordinator cannot start anything).
+    highest term seen is refused (a deposed coordinator cannot start anything); leases are per
+    attempt ``(job_id, attempt)``, and a grant for an attempt older than one already leased here
+    is refused (a late order of a superseded attempt cannot start it).
     """
 
     def __init__(self) -> None:
-        self._leases: dict[str, Lease] = {}
+        self._leases: dict[tuple[str, int], Lease] = {}
         self.highest_term = 0
 
     def observe_term(self, term: int) -> None:
@@ -562,10 +560,14 @@ class LeaseTable:
         self.highest_term = max(self.highest_term, term)
 
     def leases(self) -> list[Lease]:
-        return sorted(self._leases.values(), key=lambda lease: lease.job_id)
+        return sorted(self._leases.values(), key=lambda lease: (lease.job_id, lease.attempt))
 
-    def get(self, job_id: str) -> Lease | None:
-        return self._leases.get(job_id)
+    def get(self, job_id: str, attempt: int) -> Lease | None:
+        return self._leases.get((job_id, attempt))
+
+    def newest_attempt(self, job_id: str) -> int:
+        """The highest attempt of ``job_id`` leased here (0: none)."""
+        return max((a for j, a in self._leases if j == job_id), default=0)
 
     def holder(self, gpu: str) -> str | None:
         """The job holding ``gpu``, or None."""
@@ -583,26 +585,35 @@ class LeaseTable:
             raise LeaseError(f"stale term {term}: this node has seen term {self.highest_term}")
 
     def grant(
-        self, job_id: str, gpus: Iterable[str], *, term: int, coordinator: str, now: float,
+        self, job_id: str, attempt: int, gpus: Iterable[str], *, term: int, coordinator: str, now: float,
         offerable: Iterable[str],
     ) -> Lease:
-        """Lease ``gpus`` to ``job_id``; raise ``LeaseError`` (stale term, not offered, busy).
-
-        Granting the same GPUs to the same job again is idempotent (the term is refreshed).
-        """
+        """Lease ``gpus`` to attempt ``attempt`` of ``job_id``; raise ``LeaseError`` (stale term or
+        attempt, not offered, busy).  Granting the same GPUs to the same attempt again is
+        idempotent (the term is refreshed); an older attempt's lease that never launched is
+        superseded."""
         gpus_t = tuple(sorted(set(gpus)))
         if not gpus_t:
             raise LeaseError("a lease needs at least one GPU")
+        if attempt < 1:
+            raise LeaseError(f"bad attempt number {attempt}")
         self._check_term(term)
+        newest = self.newest_attempt(job_id)
+        if attempt < newest:
+            raise LeaseError(f"stale attempt {attempt}: job {job_id} holds a lease for attempt {newest} here")
         offer = set(offerable)
-        known = self._leases.get(job_id)
+        known = self._leases.get((job_id, attempt))
         if known is not None:
             if known.gpus != gpus_t:
-                raise LeaseError(f"job {job_id} already holds other GPUs here: {list(known.gpus)}")
+                raise LeaseError(f"job {job_id} attempt {attempt} already holds other GPUs here: "
+                                 f"{list(known.gpus)}")
             self.highest_term = max(self.highest_term, term)
             lease = replace(known, term=term, coordinator=coordinator)
-            self._leases[job_id] = lease
+            self._leases[(job_id, attempt)] = lease
             return lease
+        for key, old in list(self._leases.items()):
+            if key[0] == job_id and not old.launched:
+                del self._leases[key]
         missing = [g for g in gpus_t if g not in offer]
         if missing:
             raise LeaseError(f"GPU {missing[0]} is not offered (owner busy, too little free memory, unknown)")
@@ -611,33 +622,33 @@ class LeaseTable:
         if busy:
             raise LeaseError(f"GPU {busy[0]} is leased to job {taken[busy[0]]}")
         self.highest_term = max(self.highest_term, term)
-        lease = Lease(job_id, gpus_t, term, coordinator, now)
-        self._leases[job_id] = lease
+        lease = Lease(job_id, attempt, gpus_t, term, coordinator, now)
+        self._leases[(job_id, attempt)] = lease
         return lease
 
-    def check_order(self, job_id: str, term: int) -> Lease:
-        """Validate a launch/stop order for ``job_id`` at ``term``; return the lease."""
+    def check_order(self, job_id: str, attempt: int, term: int) -> Lease:
+        """Validate a launch/stop order for ``(job_id, attempt)`` at ``term``; return the lease."""
         self._check_term(term)
-        lease = self._leases.get(job_id)
+        lease = self._leases.get((job_id, attempt))
         if lease is None:
-            raise LeaseError(f"no lease here for job {job_id}")
+            raise LeaseError(f"no lease here for job {job_id} attempt {attempt}")
         if term < lease.term:
             raise LeaseError(f"stale term {term}: the lease is from term {lease.term}")
         return lease
 
-    def mark_launched(self, job_id: str) -> None:
-        lease = self._leases.get(job_id)
+    def mark_launched(self, job_id: str, attempt: int) -> None:
+        lease = self._leases.get((job_id, attempt))
         if lease is not None:
-            self._leases[job_id] = replace(lease, launched=True)
+            self._leases[(job_id, attempt)] = replace(lease, launched=True)
 
-    def release(self, job_id: str) -> Lease | None:
-        """Drop the job's lease (its ranks exited or it was cancelled); returns it if held."""
-        return self._leases.pop(job_id, None)
+    def release(self, job_id: str, attempt: int) -> Lease | None:
+        """Drop the attempt's lease (its ranks exited or it was cancelled); returns it if held."""
+        return self._leases.pop((job_id, attempt), None)
 
     def expire_unlaunched(self, now: float, ttl_s: float) -> list[Lease]:
         """Release leases granted more than ``ttl_s`` ago whose launch never came."""
         stale = [lease for lease in self._leases.values()
                  if not lease.launched and now - lease.granted_at > ttl_s]
         for lease in stale:
-            del self._leases[lease.job_id]
+            del self._leases[(lease.job_id, lease.attempt)]
         return stale

@@ -40,6 +40,7 @@ from frenzyd.jobs.coordinator import CoordinatorRole
 from frenzyd.jobs.messages import (
     SIGNED_KINDS,
     Ack,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobFinished,
@@ -89,6 +90,9 @@ class Orchestrator:
         max_payload_bytes: int = 64 << 20,
         max_result_bytes: int = 64 << 20,
         heartbeat_s: float = 1.0,
+        lease_timeout_s: float = 30.0,
+        retention_s: float = 7 * 24 * 3600.0,
+        unplaceable_after_s: float = 3600.0,
         socket_ifname: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -99,14 +103,15 @@ class Orchestrator:
         self._wake = asyncio.Event()
         self.ctx = RoleContext(node_id=node_id, node_name=node_name, send=send, send_order=send_order,
                                view=view, spawn=self._spawn, wake=self.wake, clock=clock,
-                               heartbeat_s=heartbeat_s)
+                               heartbeat_s=heartbeat_s, lease_timeout_s=lease_timeout_s)
         self.submitter = SubmitterRole(self.ctx, JobStore(data_dir), pack_dir=pack_dir, versions=versions,
-                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes)
+                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
+                                       unplaceable_after_s=unplaceable_after_s)
         self.coordinator = CoordinatorRole(self.ctx)
         self.rank_host = RankHostRole(self.ctx, data_dir=data_dir, gpus=gpus, launcher=launcher,
                                       rank_spec=rank_spec, unpack=unpack, collect_results=collect_results,
                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
-                                      socket_ifname=socket_ifname)
+                                      socket_ifname=socket_ifname, retention_s=retention_s)
 
     # --- what the daemon, the client API and tests read ------------------------------------------
 
@@ -167,6 +172,7 @@ class Orchestrator:
         """Main loop until ``stop`` is set: coordinate when elected, (re)submit, expire leases."""
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
+            self.rank_host.start()
             try:
                 while not stop.is_set():
                     try:
@@ -200,9 +206,11 @@ class Orchestrator:
         """One pass: lease expiry, submitter duties, coordinator duties."""
         now = self.ctx.clock()
         for lease in self.leases.expire_unlaunched(now, ttl_s=max(30.0, 10 * self.ctx.heartbeat_s)):
-            log.info("lease of job %s expired before its launch order came", lease.job_id)
+            log.info("lease of job %s attempt %d expired before its launch order came", lease.job_id,
+                     lease.attempt)
         v = self._view()
         self.leases.observe_term(v.term)
+        self.rank_host.renew_leases(v)
         self.coordinator.ensure_table(v)
         await self.submitter.tick(v)
         if v.coordinator == self.node_id:
@@ -220,6 +228,7 @@ class Orchestrator:
             "torch": self.submitter.versions.torch,
             "gpus": gpus,
             "leases": [lease.to_dict() for lease in self.leases.leases()],
+            "outbox": self.rank_host.outbox_report(),
             "jobs": [r.summary() for r in live + done],
         }
 
@@ -247,6 +256,7 @@ class Orchestrator:
         sub, coord, host = self.submitter, self.coordinator, self.rank_host
         table: dict[type[Body], Callable[[str, Any], Awaitable[Reply]]] = {
             JobSubmit: coord.on_submit, JobCancel: coord.on_cancel, JobState: sub.on_state,
+            JobAttempt: sub.on_attempt,
             LeaseRequest: host.on_lease, LeaseRelease: host.on_release, JobLaunch: host.on_launch,
             JobStop: host.on_stop, PayloadFetch: sub.on_payload, JobOutput: sub.on_output,
             JobResults: sub.on_results, JobExit: self._on_exit, JobFinished: host.on_finished,

@@ -25,8 +25,8 @@ resumed, so HAS's grow/shrink/preempt moves are not offered; their GPUs are simp
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frenzyd.errors import FrenzyError, InfeasibleError
@@ -75,6 +75,93 @@ class Placement:
     @property
     def backend(self) -> str:
         return self.plan.backend or "gloo"
+
+
+def offers_from_reports(
+    peers: Mapping[str, Mapping[str, Any]], reserved: Container[str] = ()
+) -> list[PeerOffer]:
+    """The live peers' heartbeat reports as offers; GPUs in ``reserved`` (placements in flight) and
+    malformed entries are not available."""
+    offers = []
+    for nid, rep in sorted(peers.items()):
+        gpus = []
+        for g in rep.get("gpus") or ():
+            try:
+                gpus.append(OfferedGpu(
+                    uuid=str(g["uuid"]), index=int(g["index"]), type=str(g["type"]),
+                    memory_bytes=int(g["memory_bytes"]), free_bytes=int(g["free_bytes"]),
+                    simulated=bool(g.get("simulated")),
+                    available=bool(g.get("offered")) and g.get("leased_to") is None
+                    and str(g["uuid"]) not in reserved,
+                ))
+            except (KeyError, TypeError, ValueError):
+                continue
+        offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
+                                str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus)))
+    return offers
+
+
+@dataclass
+class SeenInventory:
+    """The most GPUs of each kind this node has seen in the pool at once, remembered across restarts:
+    what the submitter asks "could this job ever be placed here?" against (a job whose fitting peers
+    are rebooting must wait, not fail)."""
+
+    kinds: dict[tuple[str, str, str], tuple[int, int, int]] = field(default_factory=dict)
+    """(GPU type, python major.minor, torch) -> (memory bytes, most on one peer, most in the pool)."""
+
+    def observe(self, offers: Sequence[PeerOffer]) -> bool:
+        """Fold in the pool as it is now; True when something grew."""
+        per_peer: dict[tuple[str, str, str], tuple[int, int]] = {}
+        total: dict[tuple[str, str, str], int] = {}
+        for p in offers:
+            counts: dict[tuple[str, str, str], tuple[int, int]] = {}
+            for g in p.gpus:
+                k = (g.type, _py_minor(p.python_version), p.torch_version)
+                mem, n = counts.get(k, (0, 0))
+                counts[k] = (max(mem, g.memory_bytes), n + 1)
+            for k, (mem, n) in counts.items():
+                old_mem, old_n = per_peer.get(k, (0, 0))
+                per_peer[k] = (max(mem, old_mem), max(n, old_n))
+                total[k] = total.get(k, 0) + n
+        changed = False
+        for k, (mem, n) in per_peer.items():
+            old = self.kinds.get(k, (0, 0, 0))
+            new = (max(old[0], mem), max(old[1], n), max(old[2], total[k]))
+            if new != old:
+                self.kinds[k] = new
+                changed = True
+        return changed
+
+    def offers(self) -> list[PeerOffer]:
+        """A pool holding everything ever seen at once, every GPU free."""
+        out = []
+        for (gtype, py, torch), (mem, per_peer, total) in sorted(self.kinds.items()):
+            left, i = total, 0
+            while left > 0:
+                n = min(per_peer, left)
+                gpus = tuple(OfferedGpu(f"seen-{gtype}-{i}-{j}", j, gtype, mem, mem, simulated=True,
+                                        available=True) for j in range(n))
+                out.append(PeerOffer(f"seen-{gtype}-{py}-{torch}-{i}", f"seen-{i}", "", py, torch, gpus))
+                left -= n
+                i += 1
+        return out
+
+    def describe(self) -> str:
+        return ", ".join(f"{t} x{total} (python {py}, torch {torch})"
+                         for (t, py, torch), (_, _, total) in sorted(self.kinds.items())) or "no GPUs"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kinds": [[t, py, torch, mem, pp, tot]
+                          for (t, py, torch), (mem, pp, tot) in sorted(self.kinds.items())]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SeenInventory:
+        kinds = {}
+        for row in d.get("kinds") or ():
+            t, py, torch, mem, pp, tot = row
+            kinds[(str(t), str(py), str(torch))] = (int(mem), int(pp), int(tot))
+        return cls(kinds)
 
 
 def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:

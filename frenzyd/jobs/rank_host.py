@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
 from frenzyd.jobs.context import (
     CHUNK,
+    MAX_REPORTED_JOBS,
     OUTPUT_BATCH_BYTES,
     OUTPUT_BUFFER_CAP,
     SEND_TIMEOUT_S,
     STORE_LINGER_S,
+    ClusterView,
     RankRun,
     RoleContext,
 )
@@ -38,6 +40,12 @@ from frenzyd.jobs.model import (
     JobRecord,
     LeaseTable,
 )
+from frenzyd.jobs.outbox import Outbox, OutboxEntry
+
+OUTPUT_DRAIN_S = 30.0
+"""Longest an exit report waits for the attempt's remaining output to be delivered."""
+MAX_DELIVERY_BACKOFF_S = 60.0
+"""Longest wait between two tries to deliver an exit report to an unreachable submitter."""
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ class RankHostRole:
         max_payload_bytes: int,
         max_result_bytes: int,
         socket_ifname: str | None,
+        retention_s: float = 7 * 24 * 3600.0,
     ) -> None:
         self.ctx = ctx
         self.data_dir = data_dir
@@ -67,8 +76,10 @@ class RankHostRole:
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
         self.socket_ifname = socket_ifname
         self.leases = LeaseTable()
-        self._runs: dict[str, RankRun] = {}
-        self._store_done: dict[str, asyncio.Event] = {}
+        self._runs: dict[tuple[str, int], RankRun] = {}
+        self.outbox = Outbox(data_dir)
+        self.retention_s = retention_s
+        self._store_done: dict[tuple[str, int], asyncio.Event] = {}
         self.stopping = False
 
     def _check_coordinator(self, peer: str, term: int) -> None:
@@ -82,35 +93,35 @@ class RankHostRole:
         try:
             self._check_coordinator(peer, msg.term)
             offered = [g["uuid"] for g in self._gpus() if g.get("offered")]
-            self.leases.grant(msg.job_id, msg.gpus, term=msg.term, coordinator=peer, now=self.ctx.clock(),
-                              offerable=offered)
+            self.leases.grant(msg.job_id, msg.attempt, msg.gpus, term=msg.term, coordinator=peer,
+                              now=self.ctx.clock(), offerable=offered)
         except LeaseError as exc:
             log.info("lease for job %s refused: %s", msg.job_id, exc)
             return Ack(False, str(exc))
         return Ack()
 
     async def on_release(self, peer: str, msg: LeaseRelease) -> Ack:
-        lease = self.leases.get(msg.job_id)
+        lease = self.leases.get(msg.job_id, msg.attempt)
         if lease is not None and not lease.launched and msg.term >= lease.term:
-            self.leases.release(msg.job_id)
+            self.leases.release(msg.job_id, msg.attempt)
         return Ack()
 
     async def on_launch(self, peer: str, msg: JobLaunch) -> LaunchAck | Ack:
         """Start this node's ranks of the order's record (only after its signature was verified)."""
-        job_id, term, rec = msg.job_id, msg.term, msg.record
+        job_id, attempt, term, rec = msg.job_id, msg.attempt, msg.term, msg.record
         try:
             self._check_coordinator(peer, term)
-            self.leases.check_order(job_id, term)
+            self.leases.check_order(job_id, attempt, term)
         except LeaseError as exc:
             return Ack(False, str(exc))
-        known = self._runs.get(job_id)
+        known = self._runs.get((job_id, attempt))
         if known is not None:
             return LaunchAck(known.master_port)
         mine = [r for r in rec.ranks if r.peer == self.ctx.node_id]
-        lease = self.leases.get(job_id)
+        lease = self.leases.get(job_id, attempt)
         if not mine or lease is None or sorted(r.gpu for r in mine) != sorted(lease.gpus):
             return Ack(False, "the order's ranks do not match this node's lease")
-        run_dir = self.data_dir / "runs" / job_id
+        run_dir = self.data_dir / "runs" / job_id / f"a{attempt}"
         work, outdir = run_dir / "work", run_dir / "output"
         try:
             async def prepare() -> None:
@@ -120,7 +131,7 @@ class RankHostRole:
 
             port = msg.master_port
             if msg.start_store:  # the store (a child process) starts while the payload comes
-                store = asyncio.ensure_future(self.launcher.start_store(job_id, msg.master_addr))
+                store = asyncio.ensure_future(self.launcher.start_store(job_id, attempt, msg.master_addr))
                 try:
                     await prepare()
                 finally:
@@ -128,8 +139,8 @@ class RankHostRole:
             else:
                 await prepare()
             outdir.mkdir(parents=True, exist_ok=True)
-            run = RankRun(job_id, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store)
-            self._runs[job_id] = run
+            run = RankRun(job_id, attempt, term, rec.submitter, rec, mine, port, hosts_store=msg.start_store)
+            self._runs[run.key] = run
             handles = []
             local_world = len(mine)
             plan = rec.plan.to_dict() if rec.plan is not None else {}
@@ -141,18 +152,18 @@ class RankHostRole:
                     gpu_indices=gpu_indices, argv=list(rec.spec.argv), workdir=work, output_dir=outdir,
                     env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(plan),
                          **({"FRENZY_STEPS": str(rec.spec.steps)} if rec.spec.steps else {})},
-                    backend=msg.backend, socket_ifname=self.socket_ifname,
+                    backend=msg.backend, socket_ifname=self.socket_ifname, attempt=attempt,
                 )
                 handles.append((r.rank, await self.launcher.launch(spec, self._on_output(run))))
         except (FrenzyError, OSError) as exc:
-            log.warning("job %s: launch failed: %s", job_id, exc)
-            self._runs.pop(job_id, None)
+            log.warning("job %s attempt %d: launch failed: %s", job_id, attempt, exc)
+            self._runs.pop((job_id, attempt), None)
             with contextlib.suppress(Exception):
-                await self.launcher.cancel(job_id)
-            self.leases.release(job_id)
+                await self.launcher.cancel(job_id, attempt)
+            self.leases.release(job_id, attempt)
             return Ack(False, str(exc))
-        self.leases.mark_launched(job_id)
-        log.info("job %s: started rank(s) %s", job_id, [r.rank for r in mine])
+        self.leases.mark_launched(job_id, attempt)
+        log.info("job %s attempt %d: started rank(s) %s", job_id, attempt, [r.rank for r in mine])
         self.ctx.spawn(self._pump(run), f"output {job_id}")
         self.ctx.spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
                     f"watch {job_id}")
@@ -164,7 +175,8 @@ class RankHostRole:
             raise LaunchError(f"payload of {size} bytes exceeds this node's cap {self.max_payload_bytes}")
         buf = bytearray()
         while len(buf) < size:
-            reply = await self.ctx.send(rec.submitter, PayloadFetch(rec.id, len(buf), CHUNK), SEND_TIMEOUT_S)
+            fetch = PayloadFetch(rec.id, rec.attempt, len(buf), CHUNK)
+            reply = await self.ctx.send(rec.submitter, fetch, SEND_TIMEOUT_S)
             data = reply.get("data")
             if not isinstance(data, bytes) or not data:
                 raise LaunchError("the submitter sent no payload bytes")
@@ -189,6 +201,7 @@ class RankHostRole:
         while True:
             if not run.out:
                 if run.done:
+                    run.pumped.set()
                     return
                 run.out_event.clear()
                 with contextlib.suppress(TimeoutError):
@@ -207,66 +220,160 @@ class RankHostRole:
                 batch.insert(0, OutputChunk(-1, "frenzy", note))
                 run.dropped = 0
             try:
-                await self.ctx.send(run.submitter, JobOutput(run.job_id, tuple(batch)), SEND_TIMEOUT_S)
+                out = JobOutput(run.job_id, run.attempt, tuple(batch))
+                await self.ctx.send(run.submitter, out, SEND_TIMEOUT_S)
             except FrenzyError as exc:
                 log.info("job %s: output to submitter failed (%s)", run.job_id, exc)
                 await asyncio.sleep(self.ctx.heartbeat_s)
 
+    async def _wait_ranks(self, run: RankRun, handles: list[tuple[int, Any]]) -> list[tuple[int, int]]:
+        """Exit codes in the order the ranks exited; the first non-zero one stops the others here
+        at once (torchrun's semantics), unless this node is already stopping them."""
+        pending = {asyncio.ensure_future(h.wait()): rank for rank, h in handles}
+        codes: list[tuple[int, int]] = []
+        stopping = False
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in sorted(done, key=lambda t: pending[t]):
+                    code = int(t.result())
+                    codes.append((pending.pop(t), code))
+                    if code != 0 and pending and not stopping and not (run.vacated or self.stopping):
+                        stopping = True
+                        log.info("job %s attempt %d: rank %d exited %d; stopping its other ranks here",
+                                 run.job_id, run.attempt, codes[-1][0], code)
+                        self.ctx.spawn(self.launcher.cancel(*run.key), f"stop {run.job_id}")
+        finally:
+            for t in pending:
+                t.cancel()
+        return codes
+
     async def _watch(
         self, run: RankRun, handles: list[tuple[int, Any]], outdir: Path, rank0_here: bool
     ) -> None:
-        """Wait for this node's ranks, then send results (rank 0) and exit codes to the submitter."""
-        codes = [(rank, int(await h.wait())) for rank, h in handles]
+        """Wait for this node's ranks, persist the exit report (and rank 0's results) in the outbox,
+        then deliver it."""
+        codes = await self._wait_ranks(run, handles)
+        if await self.launcher.unsupervise(*run.key) and not run.vacated:
+            run.vacated = "its lease expired: this node could not confirm the attempt with its submitter"
         run.done = True
         run.out_event.set()
         if run.hosts_store and not (self.stopping or run.vacated):
             # Ranks elsewhere may still be tearing down their process group through the store:
             # it closes when the submitter says the job is over (job.finished), or after a while.
-            done = self._store_done.setdefault(run.job_id, asyncio.Event())
-            self.ctx.spawn(self._close_store_later(run.job_id, done), f"store {run.job_id}")
+            done = self._store_done.setdefault(run.key, asyncio.Event())
+            self.ctx.spawn(self._close_store_later(run.key, done), f"store {run.job_id}")
         else:
             with contextlib.suppress(Exception):
-                await self.launcher.cancel(run.job_id)  # closes the rendezvous store, reaps stragglers
-        for _ in range(100):
-            if not run.out:
-                break
-            await asyncio.sleep(0.05)
-        report = JobExit(run.job_id, run.term, tuple(codes), self.ctx.node_id, run.record,
+                await self.launcher.cancel(*run.key)  # closes the rendezvous store, reaps stragglers
+        with contextlib.suppress(TimeoutError):  # the last output lines reach the submitter before the exit
+            async with asyncio.timeout(1.0 if self.stopping else OUTPUT_DRAIN_S):
+                await run.pumped.wait()
+        report = JobExit(run.job_id, run.attempt, run.term, tuple(codes), self.ctx.node_id, run.record,
                          vacated=self.stopping or bool(run.vacated),
                          reason=run.vacated or ("its daemon stopped" if self.stopping else ""))
-        with contextlib.suppress(FrenzyError, OSError):
-            if rank0_here and not report.vacated:
-                data = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
-                for off in range(0, max(len(data), 1), CHUNK):
-                    chunk = JobResults(run.job_id, off, len(data), data[off:off + CHUNK])
-                    await self.ctx.send(run.submitter, chunk, SEND_TIMEOUT_S)
-        for attempt in range(1 if self.stopping else 30):
+        results: bytes | None = None
+        if rank0_here and not report.vacated:
             try:
-                await self.ctx.send(run.submitter, report, SEND_TIMEOUT_S)
-                break
-            except FrenzyError as exc:
-                log.info("job %s: exit report to submitter failed (%s), retry %d", run.job_id, exc, attempt)
-                await asyncio.sleep(self.ctx.heartbeat_s)
-        coord = self.ctx.view().coordinator
-        if coord is not None and coord != run.submitter:
-            with contextlib.suppress(FrenzyError):
-                await self.ctx.send(coord, report, SEND_TIMEOUT_S)
-        self.leases.release(run.job_id)
-        self._runs.pop(run.job_id, None)
-        log.info("job %s: rank(s) here exited %s", run.job_id, codes)
+                results = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
+            except (FrenzyError, OSError) as exc:
+                log.warning("job %s attempt %d: results not collected: %s", run.job_id, run.attempt, exc)
+        try:
+            entry = await asyncio.to_thread(self.outbox.put, report, run.submitter, results, self.ctx.clock())
+        except OSError as exc:  # full disk: still try to deliver from memory
+            log.error("job %s attempt %d: exit report not persisted (%s); delivering it from memory",  # noqa: TRY400
+                      run.job_id, run.attempt, exc)
+            entry = OutboxEntry(report, run.submitter, self.ctx.clock(), False)
+        self.leases.release(run.job_id, run.attempt)
+        self._runs.pop(run.key, None)
+        log.info("job %s attempt %d: rank(s) here exited %s", run.job_id, run.attempt, codes)
         self.ctx.wake()
+        coord = self.ctx.view().coordinator
+        if coord is not None and coord != run.submitter:  # stops a failing job's other ranks sooner
+            self.ctx.spawn(self._copy_to(coord, report), f"exit copy {run.job_id}")
+        await self._deliver(entry, results)
 
-    async def _close_store_later(self, job_id: str, done: asyncio.Event) -> None:
+    async def _copy_to(self, coordinator: str, report: JobExit) -> None:
+        with contextlib.suppress(FrenzyError):
+            await self.ctx.send(coordinator, report, SEND_TIMEOUT_S)
+
+    async def _deliver(self, entry: OutboxEntry, results: bytes | None = None) -> None:
+        """Send an outbox entry to its submitter (results first), retrying with backoff for as long
+        as ``retention_s`` lasts; remove it once acknowledged or refused as stale."""
+        job_id, attempt = entry.key
+        delay = self.ctx.heartbeat_s
+        while self.ctx.clock() < entry.created_at + self.retention_s:
+            try:
+                if entry.has_results:
+                    await self._send_results(entry, results)
+                await self.ctx.send(entry.submitter, entry.report, SEND_TIMEOUT_S)
+            except LaunchError as exc:  # refused for good (stale attempt, over the cap)
+                log.warning("job %s attempt %d: %s; dropping it", job_id, attempt, exc)
+                break
+            except (FrenzyError, OSError) as exc:
+                log.info("job %s attempt %d: exit report not delivered (%s); retry in %.0fs",
+                         job_id, attempt, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_DELIVERY_BACKOFF_S)
+                continue
+            break
+        else:
+            log.warning("job %s attempt %d: submitter %s did not take the exit report within %.0fs; "
+                        "dropping it", job_id, attempt, entry.submitter[:12], self.retention_s)
+        await asyncio.to_thread(self.outbox.remove, entry.key)
+
+    async def _send_results(self, entry: OutboxEntry, results: bytes | None) -> None:
+        """Rank 0's results, in chunks; ``LaunchError`` when the submitter refuses them for good."""
+        job_id, attempt = entry.key
+        data = results if results is not None else await asyncio.to_thread(self.outbox.results, entry)
+        for off in range(0, max(len(data), 1), CHUNK):
+            chunk = JobResults(job_id, attempt, off, len(data), data[off:off + CHUNK])
+            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, SEND_TIMEOUT_S))
+            if not ack.ok:
+                raise LaunchError(f"results refused: {ack.reason}")
+
+    def start(self) -> None:
+        """Resume delivering what a previous run of this daemon left in the outbox."""
+        for entry in self.outbox.entries():
+            self.ctx.spawn(self._deliver(entry), f"outbox {entry.report.job_id}")
+
+    def renew_leases(self, v: ClusterView) -> None:
+        """Extend the lease of every attempt running here that its submitter confirms (its live
+        report lists the attempt as placing or running).  An attempt nobody confirms is left to
+        expire: its supervisor kills the ranks ``lease_timeout_s`` after the last renewal, before
+        the coordinator could place a new attempt (DESIGN.md §8)."""
+        for run in list(self._runs.values()):
+            if run.done or not self._confirmed(v, run):
+                continue
+            self.launcher.renew(run.job_id, run.attempt, self.ctx.lease_timeout_s)
+
+    @staticmethod
+    def _confirmed(v: ClusterView, run: RankRun) -> bool:
+        rep = v.peers.get(run.submitter)
+        if rep is None:
+            return False
+        for j in rep.get("jobs") or ():
+            if isinstance(j, Mapping) and j.get("id") == run.job_id and j.get("attempt") == run.attempt:
+                return j.get("state") == "running" or j.get("phase") == "placing"
+        return False
+
+    def outbox_report(self) -> list[dict[str, Any]]:
+        """The finished attempts whose reports are not delivered yet (for the heartbeat report)."""
+        return [{"job_id": e.report.job_id, "attempt": e.report.attempt}
+                for e in self.outbox.entries()][-MAX_REPORTED_JOBS:]
+
+    async def _close_store_later(self, key: tuple[str, int], done: asyncio.Event) -> None:
+        # Keyed by attempt: a later attempt of the same job is never touched by this timer.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STORE_LINGER_S):
                 await done.wait()
-        self._store_done.pop(job_id, None)
-        await self.launcher.cancel(job_id)
-        self.launcher.forget(job_id)
+        self._store_done.pop(key, None)
+        await self.launcher.cancel(*key)
+        self.launcher.forget(*key)
 
     async def on_finished(self, peer: str, msg: JobFinished) -> Ack:
-        """The submitter says a job is over: close its rendezvous store here."""
-        ev = self._store_done.get(msg.job_id)
+        """The submitter says a job is over: close its attempt's rendezvous store here."""
+        ev = self._store_done.get((msg.job_id, msg.attempt))
         if ev is not None:
             ev.set()
         return Ack()
@@ -277,36 +384,36 @@ class RankHostRole:
         foreign = {g["uuid"] for g in gpus if int(g.get("foreign_processes") or 0) > 0}
         out = []
         for lease in self.leases.leases():
-            run = self._runs.get(lease.job_id)
+            run = self._runs.get((lease.job_id, lease.attempt))
             hit = sorted(foreign & set(lease.gpus))
             if run is None or run.vacated or not hit:
                 continue
             run.vacated = f"the owner of GPU {hit[0]} is using it"
             log.warning("job %s: %s; stopping its ranks here so it is requeued", lease.job_id, run.vacated)
             out.append(lease.job_id)
-            await self.launcher.cancel(lease.job_id)
+            await self.launcher.cancel(lease.job_id, lease.attempt)
         return out
 
     async def on_stop(self, peer: str, msg: JobStop) -> Ack:
         """Stop the job's ranks here (only after the order's signature was verified)."""
-        job_id = msg.job_id
+        key = (msg.job_id, msg.attempt)
         try:
             self._check_coordinator(peer, msg.term)
         except LeaseError as exc:
             return Ack(False, str(exc))
-        if job_id in self._runs:
-            await self.launcher.cancel(job_id)
+        if key in self._runs:
+            await self.launcher.cancel(*key)
         else:
-            lease = self.leases.get(job_id)
+            lease = self.leases.get(*key)
             if lease is not None and not lease.launched:
-                self.leases.release(job_id)
+                self.leases.release(*key)
         return Ack()
 
     async def stop_all(self) -> None:
         """The daemon is stopping: kill every job's ranks here (their watchers report them vacated)."""
         self.stopping = True
-        for job_id in list(self._runs):
+        for key in list(self._runs):
             with contextlib.suppress(Exception):
-                await self.launcher.cancel(job_id)
+                await self.launcher.cancel(*key)
         for ev in self._store_done.values():
             ev.set()

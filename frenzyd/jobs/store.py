@@ -1,8 +1,10 @@
 """The submitter's durable job records, payloads, output logs and results in ``data_dir/jobs``.
 
 Layout per job ``data_dir/jobs/<id>/``: ``record.json`` (the authoritative ``JobRecord``,
-replaced atomically), ``payload.bin`` (the packed job directory), ``output.ndjson`` (one
-event per line: ``{"seq", "t", "rank", "stream", "data"}``), ``results.bin`` (rank 0's output
+replaced atomically; older schemas are migrated when read, an unreadable one is moved to
+``data_dir/quarantine/jobs/`` and counted, never silently dropped), ``payload.bin`` (the packed
+job directory), ``output.ndjson`` (one event per line: ``{"seq", "t", "attempt", "rank", "stream",
+"data"}``), ``results.bin`` (rank 0's output
 files as packed by the launcher).  Live followers get the same events through queues.
 """
 
@@ -13,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,8 @@ FOLLOW_QUEUE = 10_000
 """Events buffered per live follower; a follower that falls this far behind is cut off."""
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never half."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -44,6 +48,8 @@ class JobStore:
         self._records: dict[str, JobRecord] = {}
         self._seq: dict[str, int] = {}
         self._followers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
+        self.quarantined = 0
+        """Unreadable records moved to ``data_dir/quarantine/jobs`` (``frenzy_job_records_quarantined``)."""
         self._load()
 
     def _load(self) -> None:
@@ -54,10 +60,27 @@ class JobStore:
             try:
                 rec = JobRecord.from_dict(json.loads(f.read_text()))
             except (OSError, ValueError, WireError) as exc:
-                log.warning("ignoring unreadable job record %s: %s", f, exc)
+                self._quarantine(d, exc)
+                continue
+            if rec.id != d.name:
+                self._quarantine(d, f"the record of job {rec.id!r} is in the directory of {d.name!r}")
                 continue
             self._records[rec.id] = rec
             self._seq[rec.id] = self._count_lines(d / "output.ndjson")
+
+    def _quarantine(self, d: Path, why: object) -> None:
+        """Move an unreadable job directory aside (never delete it) and count it."""
+        qdir = self.root.parent / "quarantine" / "jobs"
+        dest = qdir / f"{d.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        try:
+            qdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.replace(d, dest)
+        except OSError as exc:
+            log.error("unreadable job record %s (%s) could not be moved aside: %s", d, why, exc)  # noqa: TRY400
+            dest = d
+        self.quarantined += 1
+        log.error("job record %s is unreadable (%s); moved to %s. It is kept, not run: a newer frenzyd "
+                  "may read it, or remove it by hand", d / "record.json", why, dest)
 
     @staticmethod
     def _count_lines(path: Path) -> int:
@@ -89,7 +112,7 @@ class JobStore:
         """Persist a new job and its payload."""
         d = self.dir(rec.id)
         d.mkdir(mode=0o700)
-        _atomic_write(d / "payload.bin", payload)
+        atomic_write(d / "payload.bin", payload)
         self._seq[rec.id] = 0
         self.save(rec)
 
@@ -97,8 +120,9 @@ class JobStore:
         """Replace the job's record on disk and tell followers when its state changed."""
         old = self._records.get(rec.id)
         self._records[rec.id] = rec
-        _atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
-        if old is None or old.state != rec.state or old.ranks != rec.ranks:
+        atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
+        if old is None or (old.state, old.phase, old.attempt, old.ranks, old.message) != (
+                rec.state, rec.phase, rec.attempt, rec.ranks, rec.message):
             self._publish(rec.id, {"type": "state", "job": rec.summary()})
         if rec.terminal:
             self._publish(rec.id, None)
@@ -114,11 +138,12 @@ class JobStore:
         except FileNotFoundError:
             raise JobStateError(f"job {job_id} has no payload here") from None
 
-    def append_output(self, job_id: str, rank: int, stream: str, data: bytes, now: float) -> None:
-        """Append one output chunk of a rank to the job's log and to live followers."""
+    def append_output(self, job_id: str, rank: int, stream: str, data: bytes, now: float, *,
+                      attempt: int = 0) -> None:
+        """Append one output chunk of a rank of an attempt to the job's log and to live followers."""
         seq = self._seq.get(job_id, 0) + 1
         self._seq[job_id] = seq
-        ev = {"seq": seq, "t": now, "rank": rank, "stream": stream,
+        ev = {"seq": seq, "t": now, "attempt": attempt, "rank": rank, "stream": stream,
               "data": data.decode("utf-8", errors="replace")}
         with open(self.dir(job_id) / "output.ndjson", "a", encoding="utf-8") as f:
             f.write(json.dumps(ev) + "\n")
@@ -142,7 +167,7 @@ class JobStore:
         return out
 
     def write_results(self, job_id: str, data: bytes) -> None:
-        _atomic_write(self.dir(job_id) / "results.bin", data)
+        atomic_write(self.dir(job_id) / "results.bin", data)
 
     def results(self, job_id: str) -> bytes | None:
         self.get(job_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -23,8 +24,21 @@ from frenzyd.jobs.context import (
     own_codes,
     slug,
 )
+from frenzyd.jobs.lifecycle import (
+    BeginAttempt,
+    Cancel,
+    Exits,
+    Fail,
+    Placed,
+    Requeue,
+    StaleAttempt,
+    Wait,
+    step,
+)
 from frenzyd.jobs.messages import (
     Ack,
+    AttemptAck,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobFinished,
@@ -40,12 +54,16 @@ from frenzyd.jobs.model import (
     JobRecord,
     JobSpec,
     new_record,
-    record_exits,
-    transition,
 )
-from frenzyd.jobs.store import JobStore
+from frenzyd.jobs.placement import SeenInventory, offers_from_reports, place
+from frenzyd.jobs.store import JobStore, atomic_write
 
 log = logging.getLogger(__name__)
+
+SEEN_FILE = "seen-gpus.json"
+"""The most GPUs of each kind seen in the pool at once (``SeenInventory``), in the data directory."""
+UNPLACEABLE_CHECK_S = 30.0
+"""How often a waiting job is checked against what the pool has held (MARP is not free)."""
 
 
 class SubmitterRole:
@@ -60,9 +78,17 @@ class SubmitterRole:
         versions: Versions,
         max_payload_bytes: int,
         max_result_bytes: int,
+        unplaceable_after_s: float = 3600.0,
     ) -> None:
         self.ctx = ctx
         self.store = store
+        self.unplaceable_after_s = unplaceable_after_s
+        self._born = ctx.clock()
+        self._absent_since: dict[str, float] = {}  # peer running one of our attempts -> left the view
+        self._unfit_since: dict[str, float] = {}  # waiting job -> since when nothing seen could hold it
+        self._fit_checked: dict[str, float] = {}
+        self._seen_path = store.root.parent / SEEN_FILE
+        self.seen = self._load_seen()
         self._pack_dir = pack_dir
         self.versions = versions
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
@@ -115,25 +141,92 @@ class SubmitterRole:
                 raise
         rec = self.store.get(job_id)
         if not rec.terminal:
-            rec = transition(rec, "cancelled", now=self.ctx.clock(), message="cancelled by user")
+            rec = step(rec, Cancel(), now=self.ctx.clock())
             self.store.save(rec)
         return rec
 
+    def _load_seen(self) -> SeenInventory:
+        try:
+            return SeenInventory.from_dict(json.loads(self._seen_path.read_text()))
+        except FileNotFoundError:
+            return SeenInventory()
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("ignoring unreadable %s (%s): the pool's GPUs are learned again",
+                        self._seen_path, exc)
+            return SeenInventory()
+
+    def _observe_pool(self, v: ClusterView) -> None:
+        if self.seen.observe(offers_from_reports(v.peers)):
+            try:
+                atomic_write(self._seen_path, json.dumps(self.seen.to_dict()).encode())
+            except OSError as exc:
+                log.warning("cannot remember the pool's GPUs in %s: %s", self._seen_path, exc)
+
+    def _lost_peers(self, v: ClusterView, rec: JobRecord, now: float) -> list[str]:
+        """Peers of a running attempt whose ranks are gone: a live peer that lists neither the
+        attempt's lease nor its undelivered exit report, or a peer out of the view for longer
+        than its ranks' lease outlives it.  Nothing is lost in the first heartbeats after this
+        daemon started (it re-attaches to its running jobs as their peers' reports arrive)."""
+        for p in rec.peers():
+            if p not in v.peers:
+                self._absent_since.setdefault(p, now)
+        grace = 5 * self.ctx.heartbeat_s + 10
+        if now - self._born < grace or now - (rec.started_at or now) < grace:
+            return []
+        lost = []
+        for p in rec.peers():
+            if self._peer_exited(rec, p):
+                continue
+            if p not in v.peers:
+                if now - self._absent_since[p] >= self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s:
+                    lost.append(p)
+            elif not self._peer_has_job(v, p, rec):
+                lost.append(p)
+        return lost
+
+    def _check_unplaceable(self, rec: JobRecord, now: float) -> JobRecord:
+        """Fail a waiting job that nothing this node has seen in the pool could hold, once that has
+        been so for ``unplaceable_after_s``; say what was seen."""
+        every = min(UNPLACEABLE_CHECK_S, self.unplaceable_after_s / 4)
+        if not self.seen.kinds or now - self._fit_checked.get(rec.id, 0.0) < every:
+            return rec
+        self._fit_checked[rec.id] = now
+        try:
+            place(rec.spec, self.seen.offers())
+        except FrenzyError as exc:
+            since = self._unfit_since.setdefault(rec.id, max(now, self._born))
+            if now - since < self.unplaceable_after_s:
+                return rec
+            why = (f"no GPUs seen in this pool can hold it ({exc}); seen: {self.seen.describe()}. "
+                   f"Waited {now - since:.0f}s ([jobs] unplaceable_after_s)")
+            rec = step(rec, Fail(why), now=now)
+            self.store.save(rec)
+            log.warning("job %s failed: %s", rec.id, why)
+            return rec
+        self._unfit_since.pop(rec.id, None)
+        return rec
+
     async def tick(self, v: ClusterView) -> None:
-        """Requeue jobs whose ranks were lost; (re)submit unfinished jobs to the coordinator."""
+        """Requeue jobs whose ranks were lost, fail the unplaceable, (re)submit the rest."""
         now = self.ctx.clock()
+        self._observe_pool(v)
+        for p in [p for p in self._absent_since if p in v.peers]:
+            del self._absent_since[p]
         for stored in self.store.all():
             rec = stored
             if rec.terminal:
                 continue
-            if rec.state == "running" and now - (rec.started_at or now) > 5 * self.ctx.heartbeat_s + 10:
-                lost = [p for p in rec.peers() if not self._peer_has_job(v, p, rec.id)
-                        and not self._peer_exited(rec, p)]
+            if rec.state == "running":
+                lost = self._lost_peers(v, rec, now)
                 if lost:
-                    rec = transition(rec, "queued", now=now, message=f"lost ranks on peer {lost[0][:12]}")
+                    rec = step(rec, Requeue(rec.attempt, f"lost ranks on peer {lost[0][:12]}"), now=now)
                     self.store.save(rec)
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
+            if rec.state == "queued" and rec.phase == "waiting":
+                rec = self._check_unplaceable(rec, now)
+                if rec.terminal:
+                    continue
             acked = self._acked.get(rec.id) == (v.coordinator, v.term)
             if v.coordinator is None or (acked and now < self._resend_at.get(rec.id, 0)):
                 continue
@@ -147,25 +240,47 @@ class SubmitterRole:
                 self._acked[rec.id] = (v.coordinator, v.term)
 
     @staticmethod
-    def _peer_has_job(v: ClusterView, peer: str, job_id: str) -> bool:
+    def _peer_has_job(v: ClusterView, peer: str, rec: JobRecord) -> bool:
         rep = v.peers.get(peer)
         if rep is None:
             return False
-        return any(isinstance(x, Mapping) and x.get("job_id") == job_id for x in rep.get("leases") or ())
+        return any(isinstance(x, Mapping) and x.get("job_id") == rec.id and x.get("attempt") == rec.attempt
+                   for x in [*(rep.get("leases") or ()), *(rep.get("outbox") or ())])
 
     @staticmethod
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
         return all(r.rank in rec.exit_codes for r in rec.ranks if r.peer == peer)
 
+    async def on_attempt(self, peer: str, msg: JobAttempt) -> AttemptAck | Ack:
+        """The coordinator is about to place a job of ours: allocate (and persist) its next attempt.
+
+        Numbers come only from here, so an attempt number is never used twice, even when the
+        coordinator changes mid-placement.  A job that is over or running gets attempt 0 and its
+        state, so the coordinator drops its stale copy.
+        """
+        v = self.ctx.view()
+        if msg.term < v.term:
+            return Ack(False, f"stale term {msg.term}: this node has seen term {v.term}")
+        rec = self.store.get(msg.job_id)
+        if rec.terminal or rec.state == "running":
+            return AttemptAck(0, rec.state)
+        rec = step(rec, BeginAttempt(), now=self.ctx.clock())
+        await asyncio.to_thread(self.store.save, rec)
+        return AttemptAck(rec.attempt, rec.state)
+
     def _apply_placement(self, rec: JobRecord, theirs: JobRecord) -> JobRecord:
-        """Adopt the coordinator's placement carried in a state or exit message."""
-        if rec.state == "running" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "queued", now=self.ctx.clock(), message="placed again by the coordinator")
-        if rec.state == "queued" and theirs.state == "running" and theirs.attempts > rec.attempts:
-            rec = transition(rec, "running", now=self.ctx.clock(), plan=theirs.plan, ranks=theirs.ranks,
-                             term=theirs.term, message="placed")
-            self.store.save(rec)
-            log.info("job %s running on %d rank(s), term %d", rec.id, rec.world_size, rec.term)
+        """Adopt the coordinator's placement carried in a state or exit message (its attempt only)."""
+        if theirs.state != "running" or (rec.state == "running" and rec.attempt == theirs.attempt):
+            return rec
+        try:
+            placed = Placed(theirs.attempt, theirs.ranks, theirs.term, theirs.plan)
+            rec = step(rec, placed, now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale("job.state", exc)
+            return rec
+        self.store.save(rec)
+        log.info("job %s attempt %d running on %d rank(s), term %d", rec.id, rec.attempt, rec.world_size,
+                 rec.term)
         return rec
 
     async def on_state(self, peer: str, msg: JobState) -> StateAck:
@@ -173,27 +288,46 @@ class SubmitterRole:
         rec = self.store.get(theirs.id)
         if rec.terminal:
             return StateAck(rec.state)
-        if theirs.state == "running":
-            rec = self._apply_placement(rec, theirs)
-        elif theirs.state == "failed" and rec.state == "queued":
-            rec = transition(rec, "failed", now=self.ctx.clock(), message=theirs.message)
-            self.store.save(rec)
-        elif theirs.state == "queued" and rec.state == "running" and theirs.term == 0:
-            rec = transition(rec, "queued", now=self.ctx.clock(), message=theirs.message)
-            self.store.save(rec)
-            self._acked.pop(rec.id, None)
+        try:
+            if theirs.state == "running":
+                rec = self._apply_placement(rec, theirs)
+            elif theirs.state == "failed" and rec.state == "queued":
+                rec = step(rec, Fail(theirs.message), now=self.ctx.clock())
+                self.store.save(rec)
+            elif theirs.state == "queued" and theirs.term == 0 and theirs.attempt == rec.attempt \
+                    and (rec.state == "running" or rec.phase == "placing"):
+                rec = step(rec, Requeue(rec.attempt, theirs.message, lost=rec.state == "running"),
+                           now=self.ctx.clock())
+                self.store.save(rec)
+                self._acked.pop(rec.id, None)
+            elif theirs.state == "queued" and rec.phase == "waiting" and theirs.message != rec.message:
+                rec = step(rec, Wait(theirs.message), now=self.ctx.clock())
+                self.store.save(rec)
+        except StaleAttempt as exc:
+            self.ctx.stale(JobState.KIND, exc)
         return StateAck(rec.state)
 
+    def _current(self, kind: str, job_id: str, attempt: int) -> JobRecord | None:
+        """The job's record when ``attempt`` is its current attempt; otherwise count a refusal."""
+        rec = self.store.get(job_id)
+        if attempt == rec.attempt and attempt > 0:
+            return rec
+        self.ctx.stale(kind, f"job {job_id}: attempt {attempt}, the job is at attempt {rec.attempt}")
+        return None
+
     async def on_output(self, peer: str, msg: JobOutput) -> Ack:
-        rec = self.store.get(msg.job_id)
+        rec = self._current(JobOutput.KIND, msg.job_id, msg.attempt)
+        if rec is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         now = self.ctx.clock()
         for ch in msg.chunks:
-            self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now)
+            self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now, attempt=msg.attempt)
         return Ack()
 
     async def on_results(self, peer: str, msg: JobResults) -> Ack:
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
-        self.store.get(job_id)
+        if self._current(JobResults.KIND, job_id, msg.attempt) is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         if total > self.max_result_bytes or off < 0:
             raise LaunchError(f"results of {total} bytes exceed the cap of {self.max_result_bytes}")
         buf = self._results_buf.setdefault(job_id, bytearray())
@@ -210,29 +344,36 @@ class SubmitterRole:
     def on_exit(self, peer: str, msg: JobExit) -> None:
         """A peer's ranks of one of our jobs exited: requeue (vacated) or record the exit codes."""
         mine = self.store.find(msg.job_id)
-        if mine is not None and not mine.terminal:
-            if msg.record is not None:
-                mine = self._apply_placement(mine, msg.record)
-            # A peer reports only the ranks it was given.
-            codes = own_codes(msg.exit_codes, mine, peer)
-            if mine.term == msg.term and mine.state == "running" and msg.vacated:
+        if mine is None or mine.terminal:
+            return
+        if msg.record is not None:
+            mine = self._apply_placement(mine, msg.record)
+        # A peer reports only the ranks it was given.
+        codes = own_codes(msg.exit_codes, mine, peer)
+        try:
+            if mine.state == "running" and msg.vacated:
                 why = msg.reason or "it stopped"
-                rec = transition(mine, "queued", now=self.ctx.clock(),
-                                 message=f"vacated by peer {peer[:12]}: {why}")
+                why = f"vacated by peer {peer[:12]}: {why}"
+                rec = step(mine, Requeue(msg.attempt, why), now=self.ctx.clock())
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
-            elif mine.term == msg.term:
-                rec = record_exits(mine, codes, now=self.ctx.clock())
-                if rec.state == "failed" and rec.id in self._cancelling:
-                    rec = replace(rec, state="cancelled", message="cancelled by user")
-                if rec != mine:
-                    self.store.save(rec)
-                if rec.terminal:
-                    log.info("job %s %s: %s", rec.id, rec.state, rec.message)
-                    self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
+                return
+            rec = step(mine, Exits(msg.attempt, codes), now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale(JobExit.KIND, exc)
+            return
+        if rec.state == "failed" and rec.id in self._cancelling:
+            rec = replace(rec, state="cancelled", message="cancelled by user")
+        if rec != mine:
+            self.store.save(rec)
+        if rec.terminal:
+            log.info("job %s %s: %s", rec.id, rec.state, rec.message)
+            self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
 
-    async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk:
+    async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk | Ack:
+        if self._current(PayloadFetch.KIND, msg.job_id, msg.attempt) is None:
+            return Ack(False, f"stale attempt {msg.attempt}")
         length = max(0, min(msg.length, CHUNK))
         data, total = await asyncio.to_thread(self.store.payload, msg.job_id, msg.offset, length)
         return PayloadChunk(data, total)
@@ -240,4 +381,4 @@ class SubmitterRole:
     async def _announce_finished(self, rec: JobRecord) -> None:
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
-                await self.ctx.send(peer, JobFinished(rec.id), SEND_TIMEOUT_S)
+                await self.ctx.send(peer, JobFinished(rec.id, rec.attempt), SEND_TIMEOUT_S)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from frenzyd.config import Config
-from frenzyd.errors import PeerError
+from frenzyd.errors import AuthError, PeerError
 from frenzyd.net import auth, wire
 from frenzyd.net.dispatch import Counters
 from frenzyd.net.election import Change, ElectionState, PeerView
@@ -224,8 +224,14 @@ class Heartbeats:
             self.counters.dropped[exc.reason] += 1
             log.debug("heartbeat reply from %s dropped: %s", address, exc)
             return
+        try:
+            self.heard(hb)
+        except AuthError as exc:  # the same node id is live at another address
+            self.book.failed(address, self._clock())
+            self.counters.auth_refusals[exc.reason] += 1
+            log.warning("refused the heartbeat reply from %s: %s", address, exc)
+            return
         self.book.succeeded(address, peer_id)
-        self.heard(hb)
 
     async def _loop(self) -> None:
         period = self.config.timing.heartbeat_s

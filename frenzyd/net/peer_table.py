@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from frenzyd.errors import AuthError
 from frenzyd.net.messages import Heartbeat, HeartbeatReport
 
 MAX_ADDRESSES = 1024
@@ -40,10 +41,18 @@ class PeerTable:
 
     def heard(self, hb: Heartbeat, now: float) -> tuple[PeerRecord, bool]:
         """Record a heartbeat (already authenticated); return the record and whether it is new
-        or came back from the dead."""
+        or came back from the dead.
+
+        A node id is live at one address at a time: while a node is alive at one address, a
+        heartbeat naming another raises ``AuthError("duplicate_node")`` (a second daemon started
+        with the same credentials); the other address is accepted once the first falls silent.
+        """
         node_id = hb.node_id
         old = self._peers.get(node_id)
         revived = old is None or not self.is_alive(node_id, now)
+        if old is not None and not revived and old.address and hb.address != old.address:
+            raise AuthError("duplicate_node", f"node {node_id[:12]} is live at {old.address}; refusing "
+                            f"the same node id at {hb.address} (two daemons with one identity?)")
         rec = PeerRecord(
             node_id=node_id,
             name=hb.name,

@@ -23,7 +23,9 @@ import msgpack
 
 from frenzyd.errors import WireError
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+"""1: the first daemon.  2: attempts -- every job order, lease, report, output and result carries
+``(job_id, attempt)``, records carry ``schema`` (frenzyd.jobs.model.RECORD_SCHEMA), ``job.attempt``."""
 DEFAULT_MAX: Final = 4 * 1024 * 1024
 """Default cap on one frame (bytes).  Payload-carrying kinds pass a larger ``max_bytes``."""
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from frenzyd.errors import LaunchError
+from frenzyd.node import supervisor
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,17 @@ class RankSpec:
     env: dict[str, str] = field(default_factory=dict)
     backend: Literal["gloo", "nccl"] = "gloo"
     socket_ifname: str | None = None
+    attempt: int = 1
+    """The job's attempt (DESIGN.md §8); the launcher keys processes and files by ``run_key``."""
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.job_id, self.attempt)
+
+
+def run_key(job_id: str, attempt: int) -> str:
+    """How the launcher names one attempt of a job (process bookkeeping, pid and log files)."""
+    return f"{job_id}.a{attempt}"
 
 
 def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -92,12 +104,13 @@ def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, st
             "MASTER_PORT": str(spec.master_port),
             # The store runs in the daemon's child, not in rank 0 (torch/distributed/rendezvous.py).
             "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RUN_ID": spec.job_id,
-            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_RUN_ID": spec.run_key,
+            "TORCHELASTIC_RESTART_COUNT": str(max(0, spec.attempt - 1)),
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
             "FRENZY_JOB_ID": spec.job_id,
+            "FRENZY_ATTEMPT": str(spec.attempt),
             "FRENZY_BACKEND": spec.backend,
             "FRENZY_OUTPUT_DIR": str(spec.output_dir),
             "PYTHONUNBUFFERED": "1",
@@ -204,6 +217,7 @@ class Launcher:
         run_as: str | None = None,
         rendezvous_ports: tuple[int, int] = (0, 0),
         term_grace_s: float = TERM_GRACE_S,
+        lease_s: float = 30.0,
     ) -> None:
         self.dir = Path(data_dir) / "launcher"
         self.pid_dir = self.dir / "pids"
@@ -211,16 +225,69 @@ class Launcher:
         self.run_as = run_as
         self.rendezvous_ports = rendezvous_ports
         self.term_grace_s = term_grace_s
+        self.lease_s = lease_s
         self._ranks: dict[str, list[RankHandle]] = {}
         self._stores: dict[str, asyncio.subprocess.Process] = {}
+        self._supervisors: dict[str, asyncio.subprocess.Process] = {}
+
+    # ---- lease supervisors (frenzyd.node.supervisor) ----------------------------------------
+    async def _supervisor(self, run: str) -> asyncio.subprocess.Process:
+        proc = self._supervisors.get(run)
+        if proc is not None and proc.returncode is None:
+            return proc
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-m", "frenzyd.node.supervisor",
+            "--grace", str(min(self.term_grace_s, self.lease_s / 2)),
+            "--lease", str(self.lease_s), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            cwd=self.dir, start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()},
+        )
+        self._supervisors[run] = proc
+        self._write_pid(f"{run}.supervisor", proc.pid)
+        return proc
+
+    def _tell(self, run: str, line: str) -> bool:
+        proc = self._supervisors.get(run)
+        if proc is None or proc.returncode is not None or proc.stdin is None or proc.stdin.is_closing():
+            return False
+        proc.stdin.write(f"{line}\n".encode())
+        return True
+
+    def renew(self, job_id: str, attempt: int, seconds: float) -> bool:
+        """Extend the lease of the attempt's ranks here to ``seconds`` from now (False: none)."""
+        return self._tell(run_key(job_id, attempt), f"renew {seconds:.3f}")
+
+    async def unsupervise(self, job_id: str, attempt: int) -> bool:
+        """The attempt's ranks are gone: end its supervisor.  True when it had killed them because
+        their lease ran out (the daemon could not renew it)."""
+        return await self._unsupervise(run_key(job_id, attempt))
+
+    async def _unsupervise(self, run: str) -> bool:
+        proc = self._supervisors.pop(run, None)
+        if proc is None:
+            return False
+        if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.write(b"stop\n")
+            with contextlib.suppress(ConnectionError):
+                await proc.stdin.drain()
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), self.term_grace_s + 5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        (self.pid_dir / f"{run}.supervisor.pid").unlink(missing_ok=True)
+        return proc.returncode == supervisor.EXPIRED
 
     # ---- rendezvous store -------------------------------------------------------------------
-    async def start_store(self, job_id: str, bind_addr: str, start_limit_s: float = 60.0) -> int:
-        """Start the job's rendezvous store listening on ``bind_addr`` only; return its port."""
-        if job_id in self._stores:
-            raise LaunchError(f"job {job_id}: rendezvous store already running")
+    async def start_store(self, job_id: str, attempt: int, bind_addr: str,
+                          start_limit_s: float = 60.0) -> int:
+        """Start the rendezvous store of the job's attempt on ``bind_addr`` only; return its port."""
+        run = run_key(job_id, attempt)
+        if run in self._stores:
+            raise LaunchError(f"job {run}: rendezvous store already running")
         lo, hi = self.rendezvous_ports
-        log_path = self.dir / f"{job_id}.store.log"
+        log_path = self.dir / f"{run}.store.log"
         with log_path.open("wb") as errlog:
             proc = await asyncio.create_subprocess_exec(
                 # -P and a cwd of our own: a `frenzyd` directory in the daemon's cwd must not shadow ours
@@ -241,16 +308,19 @@ class Launcher:
             await proc.wait()
             detail = text or _tail(log_path) or f"no answer within {start_limit_s:.0f}s"
             raise LaunchError(
-                f"job {job_id}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
+                f"job {run}: rendezvous store did not start on {bind_addr}: {detail}; check that the "
                 "address belongs to this host and [launcher] rendezvous_ports has a free port"
             )
-        self._stores[job_id] = proc
-        self._write_pid(f"{job_id}.store", proc.pid)
+        self._stores[run] = proc
+        self._write_pid(f"{run}.store", proc.pid)
         return int(text.split()[1])
 
-    async def stop_store(self, job_id: str) -> None:
-        """Close the job's rendezvous store (no-op when none)."""
-        proc = self._stores.pop(job_id, None)
+    async def stop_store(self, job_id: str, attempt: int) -> None:
+        """Close the rendezvous store of the job's attempt (no-op when none)."""
+        await self._stop_store(run_key(job_id, attempt))
+
+    async def _stop_store(self, run: str) -> None:
+        proc = self._stores.pop(run, None)
         if proc is None:
             return
         if proc.stdin is not None:
@@ -261,8 +331,8 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-        (self.pid_dir / f"{job_id}.store.pid").unlink(missing_ok=True)
-        (self.dir / f"{job_id}.store.log").unlink(missing_ok=True)
+        (self.pid_dir / f"{run}.store.pid").unlink(missing_ok=True)
+        (self.dir / f"{run}.store.log").unlink(missing_ok=True)
 
     # ---- ranks -------------------------------------------------------------------------------
     async def launch(self, spec: RankSpec, on_output: OutputCallback | None = None) -> RankHandle:
@@ -278,6 +348,7 @@ class Launcher:
         kwargs: dict[str, object] = {}
         if self.run_as:
             kwargs.update(user=self.run_as, group=None, extra_groups=[])
+        supervisor = await self._supervisor(spec.run_key)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _RANK_EXEC, str(os.getpid()), *argv,
@@ -287,21 +358,23 @@ class Launcher:
             )
         except (OSError, ValueError) as exc:
             raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot start {argv[0]!r}: {exc}") from exc
-        pid_file = self._write_pid(f"{spec.job_id}.rank{spec.rank}", proc.pid)
+        pid_file = self._write_pid(f"{spec.run_key}.rank{spec.rank}", proc.pid)
+        if supervisor.stdin is not None and not supervisor.stdin.is_closing():
+            supervisor.stdin.write(f"watch {proc.pid}\n".encode())  # the rank leads its own group
         handle = RankHandle(spec, proc, pid_file)
         for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
             handle._pumps.append(asyncio.create_task(_pump(spec.rank, stream_name, stream, on_output)))
-        self._ranks.setdefault(spec.job_id, []).append(handle)
-        log.info("job %s: rank %d started (pid %d)", spec.job_id, spec.rank, proc.pid)
+        self._ranks.setdefault(spec.run_key, []).append(handle)
+        log.info("job %s: rank %d started (pid %d)", spec.run_key, spec.rank, proc.pid)
         return handle
 
-    def ranks(self, job_id: str) -> list[RankHandle]:
-        return list(self._ranks.get(job_id, []))
+    def ranks(self, job_id: str, attempt: int) -> list[RankHandle]:
+        return list(self._ranks.get(run_key(job_id, attempt), []))
 
-    def forget(self, job_id: str) -> None:
-        """Drop the bookkeeping of a finished job."""
-        self._ranks.pop(job_id, None)
+    def forget(self, job_id: str, attempt: int) -> None:
+        """Drop the bookkeeping of a finished attempt."""
+        self._ranks.pop(run_key(job_id, attempt), None)
 
     def own_pids(self) -> set[int]:
         """Every live process Frenzy started (ranks, their children, stores): for owner protection."""
@@ -309,9 +382,13 @@ class Launcher:
         groups |= {p.pid for p in self._stores.values()}
         return _pgid_members(groups)
 
-    async def cancel(self, job_id: str) -> None:
-        """Kill every rank of the job (whole process groups, TERM then KILL after a grace) and its store."""
-        handles = [h for h in self._ranks.get(job_id, []) if not h.done]
+    async def cancel(self, job_id: str, attempt: int) -> None:
+        """Kill every rank of the job's attempt (whole process groups, TERM then KILL after a grace)
+        and its store."""
+        await self._cancel(run_key(job_id, attempt))
+
+    async def _cancel(self, run: str) -> None:
+        handles = [h for h in self._ranks.get(run, []) if not h.done]
         for h in handles:
             _killpg(h.pid, signal.SIGTERM)
         if handles:
@@ -321,13 +398,14 @@ class Launcher:
                 _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
             if pending:
                 await asyncio.wait(pending, timeout=10.0)
-            log.info("job %s: cancelled %d rank(s)", job_id, len(handles))
-        await self.stop_store(job_id)
+            log.info("job %s: cancelled %d rank(s)", run, len(handles))
+        await self._stop_store(run)
+        await self._unsupervise(run)
 
     async def close(self) -> None:
         """Cancel everything still running (daemon shutdown)."""
-        for job_id in list(self._ranks) + list(self._stores):
-            await self.cancel(job_id)
+        for run in list(self._ranks) + list(self._stores) + list(self._supervisors):
+            await self._cancel(run)
 
     # ---- leftovers ---------------------------------------------------------------------------
     def _write_pid(self, name: str, pid: int) -> Path:
@@ -359,7 +437,7 @@ class Launcher:
 
 def _pythonpath() -> str:
     """Make ``frenzyd`` importable in the store child even when the daemon runs from a source tree."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     old = os.environ.get("PYTHONPATH")
     return root if not old else f"{root}{os.pathsep}{old}"
 

@@ -24,6 +24,10 @@ from frenzyd.node import launcher as launcher_mod
 from frenzyd.node.launcher import Launcher, RankSpec
 
 GIB = 1 << 30
+LEASE_S = 6.0
+"""Shrunken ``lease_timeout_s``: a silent peer's jobs are re-placed after ~6.4 s, not ~30 s."""
+UNPLACEABLE_S = 2.0
+"""Shrunken ``jobs.unplaceable_after_s``."""
 PY = ".".join(map(str, sys.version_info[:3]))
 
 DDP_SCRIPT = textwrap.dedent(
@@ -62,16 +66,25 @@ class Pool:
         self.coordinator: str | None = None
         self.term = 1
         self.down: set[str] = set()
+        self.cut: set[frozenset[str]] = set()
+        """Pairs of nodes that cannot reach each other (a network partition)."""
+        self.blind: set[str] = set()
+        """Nodes that see no peer but themselves (a daemon just restarted, before any heartbeat)."""
         self.torch_version = "2.13.0"
 
-    def view(self) -> ClusterView:
+    def view(self, me: str | None = None) -> ClusterView:
         peers = {nid: n.orch.report() | {"name": nid, "address": "127.0.0.1:1"}
-                 for nid, n in self.nodes.items() if nid not in self.down}
+                 for nid, n in self.nodes.items()
+                 if nid not in self.down and (me is None or nid == me or self.reachable(me, nid))}
         return ClusterView(self.coordinator, self.term, peers)
+
+    def reachable(self, a: str, b: str) -> bool:
+        return a not in self.blind and b not in self.blind and frozenset((a, b)) not in self.cut
 
     def sender(self, src: str) -> Any:
         async def send(dst: str, out: wire.Body, limit: float) -> dict[str, Any]:
-            if dst in self.down or src in self.down or dst not in self.nodes:
+            if dst in self.down or src in self.down or dst not in self.nodes or (
+                    src != dst and frozenset((src, dst)) in self.cut):
                 raise DaemonUnreachable(f"{dst} is down")
             msg = wire.decode(wire.encode_message(out))  # the same bytes and checks as the network
             handler = self.nodes[dst].orch.handlers()[msg.kind]
@@ -82,18 +95,38 @@ class Pool:
     def add(self, nid: str, gpus: int, gpu_type: str = "T4", torch: str | None = None) -> Node:
         data = self.tmp / nid
         data.mkdir(parents=True, exist_ok=True)
-        launcher = Launcher(data, term_grace_s=2.0)
+        launcher = Launcher(data, term_grace_s=2.0, lease_s=LEASE_S)
         decl = [{"uuid": f"SIM-{nid}-{i}", "index": i, "type": gpu_type, "memory_bytes": 16 * GIB,
                  "free_bytes": 16 * GIB, "simulated": True, "offered": True} for i in range(gpus)]
         orch = Orchestrator(
             node_id=nid, node_name=nid, data_dir=data,
-            send=self.sender(nid), send_order=self.sender(nid), view=self.view, gpus=lambda: decl,
+            send=self.sender(nid), send_order=self.sender(nid), view=lambda: self.view(nid),
+            gpus=lambda: decl,
             launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,
-            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2,
+            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=LEASE_S,
+            unplaceable_after_s=UNPLACEABLE_S,
         )
         node = Node(nid, orch, decl, asyncio.Event())
         self.nodes[nid] = node
+        return node
+
+    async def kill(self, nid: str) -> None:
+        """The node's daemon dies at once (SIGKILL): no graceful shutdown, its ranks die with it."""
+        node = self.nodes[nid]
+        self.down.add(nid)
+        if node.task is not None:
+            node.task.cancel()
+            with contextlib.suppress(BaseException):
+                await node.task
+        await node.orch.launcher.close()
+
+    def restart(self, nid: str) -> Node:
+        """A new daemon on the dead node's data directory (records, outbox, seen GPUs survive)."""
+        old = self.nodes.pop(nid)
+        self.down.discard(nid)
+        node = self.add(nid, len(old.gpus), old.gpus[0]["type"] if old.gpus else "T4")
+        node.task = asyncio.create_task(node.orch.run(node.stop))
         return node
 
     def start(self) -> None:

@@ -6,11 +6,13 @@ GPUs of different types, driven only through ``frenzy-client`` (unix sockets).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -130,3 +132,99 @@ def test_loopback_pool_runs_jobs_survives_restart_and_failover(tmp_path: Path) -
     finally:
         for d in daemons:
             d.stop(deadline_s=15)
+
+
+@pytest.mark.timeout(300)
+def test_one_identity_runs_once_and_a_frozen_rank_host_never_runs_beside_the_new_attempt(
+    tmp_path: Path,
+) -> None:
+    """Issue 13, cases 2 and 8, on real frenzyd processes.
+
+    Case 2: a second frenzyd on a running daemon's data directory refuses to start and says why;
+    one started with the same identity elsewhere is refused by the pool, and the job running on
+    the first is untouched.  Case 8: the rank host is SIGSTOPped for longer than the lease: its
+    ranks' supervisor (a process outside the frozen daemon) kills them, and only then does the
+    coordinator place the job again, so no two attempts run at once.
+    """
+    names = ["n0", "n1", "n2"]
+    creds = make_pool(tmp_path / "pool", names)
+    ports, webs = free_ports(4), free_ports(4)
+    ledger = tmp_path / "ledger.ndjson"
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    (jobdir / "work.py").write_text(
+        "import json, os, time\n"
+        "for step in range(600):\n"
+        f"    with open({str(ledger)!r}, 'a') as f:\n"
+        "        a = int(os.environ['FRENZY_ATTEMPT'])\n"
+        "        f.write(json.dumps({'attempt': a, 't': time.time()}) + '\\n')\n"
+        "    time.sleep(0.05)\n"
+    )
+
+    def conf(i: int, name: str, base: str, devices: list[tuple[str, int]]) -> NodeConf:
+        return NodeConf(
+            name=name, base=tmp_path / base, credentials=creds[name], devices=devices,
+            listen=f"127.0.0.1:{ports[i]}", web=f"127.0.0.1:{webs[i]}", interfaces=["lo"], mdns=False,
+            peers=[f"127.0.0.1:{p}" for j, p in enumerate(ports[:3]) if j != i], priority=10 if i == 0 else 0,
+            heartbeat_s=0.5, peer_timeout_s=2.0, rendezvous_ports=(29600 + 20 * i, 29619 + 20 * i),
+            lease_timeout_s=6.0,
+        )
+
+    n0 = Daemon(conf(0, "n0", "n0", []))
+    n1 = Daemon(conf(1, "n1", "n1", [("A100-80GB", 1)]))
+    n2 = Daemon(conf(2, "n2", "n2", [("A100-80GB", 1)]))
+    daemons = [n0, n1, n2]
+    twin: Daemon | None = None
+    try:
+        for d in daemons:
+            d.start()
+        wait_until(lambda: full_mesh(daemons), 120, "three daemons to mesh")
+        job = json.loads(run(n0, "run", "--detach", "--json", "--nproc", "1", "--mem-per-rank", "1GiB",
+                             "--", str(jobdir / "work.py")))["id"]
+        wait_until(lambda: job_state(n0, job) == "running", 60, "the job to run")
+        host_st = next(j for j in n0.status()["jobs"] if j["id"] == job)  # type: ignore[index]
+        host = n1 if host_st["ranks"][0]["peer"] == n1.status()["node"]["id"] else n2  # type: ignore[index]
+
+        # Case 2: the same data directory, other ports: refused at start, with the reason.
+        same_dir = NodeConf(**{**host.conf.__dict__, "listen": f"127.0.0.1:{ports[3]}",
+                               "web": f"127.0.0.1:{webs[3]}", "base": tmp_path / "twin-dir"})
+        same_dir.base.mkdir()
+        cfg = same_dir.write()
+        cfg.write_text(cfg.read_text().replace(str(same_dir.data_dir), str(host.conf.data_dir)))
+        second = Daemon(same_dir)
+        second.proc = subprocess.Popen([sys.executable, "-m", "frenzyd", "--config", str(cfg)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out, _ = second.proc.communicate(timeout=60)
+        assert second.proc.returncode != 0
+        assert b"is in use by another frenzyd" in out, out
+
+        # Case 2: the same identity with its own data directory: the pool refuses it.
+        twin = Daemon(NodeConf(**{**host.conf.__dict__, "listen": f"127.0.0.1:{ports[3]}",
+                                  "web": f"127.0.0.1:{webs[3]}", "base": tmp_path / "twin"}))
+        twin.start()
+        time.sleep(8)
+        assert job_state(n0, job) == "running"
+        assert {json.loads(line)["attempt"] for line in ledger.read_text().splitlines()} == {1}
+        twin.stop()
+        twin = None
+
+        # Case 8: freeze the rank host's daemon for longer than the lease.
+        host.kill(signal.SIGSTOP)
+        wait_until(lambda: job_state(n0, job) in ("running", "succeeded") and any(
+            json.loads(line)["attempt"] > 1 for line in ledger.read_text().splitlines()), 180,
+            "the job to run again elsewhere")
+        host.kill(signal.SIGCONT)
+        wait_until(lambda: job_state(n0, job) == "succeeded", 180, "the job to finish")
+        spans: dict[int, list[float]] = {}
+        for line in ledger.read_text().splitlines():
+            e = json.loads(line)
+            s = spans.setdefault(e["attempt"], [e["t"], e["t"]])
+            s[1] = max(s[1], e["t"])
+        ordered = sorted(spans.values())
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), spans
+    finally:
+        if twin is not None:
+            twin.stop()
+        for d in daemons:
+            d.kill(signal.SIGCONT)
+            d.stop()

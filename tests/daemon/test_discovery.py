@@ -12,7 +12,7 @@ import pytest
 from zeroconf import IPVersion
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-from frenzyd.net import auth
+from frenzyd.net import auth, wire
 from frenzyd.net.discovery import SERVICE_TYPE, Discovery, parse_hints, txt_hints
 from frenzyd.net.election import ElectionState, Role
 from frenzyd.net.network import PeerNetwork
@@ -79,7 +79,8 @@ async def test_two_nodes_find_each_other_and_garbage_is_dropped(
         assert await _wait(events["n2"], 15.0)
         addr, hints = next(f for f in found["n1"] if f[1]["id"] == n2.node_id)
         assert addr == "127.0.0.1:7002"
-        assert hints == {"id": n2.node_id, "pool": n2.pool_id, "api": "7002", "proto": "1"}
+        proto = str(wire.PROTOCOL_VERSION)
+        assert hints == {"id": n2.node_id, "pool": n2.pool_id, "api": "7002", "proto": proto}
         assert all(h["id"] != n1.node_id for _, h in found["n1"])  # never ourselves
         for _ in range(100):  # the junk lookup races the others; wait until it was dropped
             if d1.dropped["bad_txt"] >= 1:

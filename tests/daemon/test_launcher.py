@@ -91,7 +91,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.timeout(240)
 async def test_two_rank_ddp_job_over_gloo_loss_falls(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
-    port = await launcher.start_store("job1", "127.0.0.1")
+    port = await launcher.start_store("job1", 1, "127.0.0.1")
     out = Output()
     work = tmp_path / "work"
     work.mkdir()
@@ -100,7 +100,8 @@ async def test_two_rank_ddp_job_over_gloo_loss_falls(tmp_path: Path) -> None:
         await launcher.launch(spec("job1", r, 2, port, work, argv, socket_ifname="lo"), out) for r in range(2)
     ]
     codes = await asyncio.gather(*(h.wait() for h in handles))
-    await launcher.stop_store("job1")
+    await launcher.stop_store("job1", 1)
+    await launcher.unsupervise("job1", 1)
     assert codes == [0, 0], out.text(0, "stderr") + out.text(1, "stderr")
     losses = [float(x) for x in re.findall(r"step \d+ loss ([0-9.]+)", out.text(0))]
     assert len(losses) == 25
@@ -163,7 +164,7 @@ async def test_launch_errors_are_launch_errors(tmp_path: Path) -> None:
 
 async def test_store_listens_only_on_its_address(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
-    port = await launcher.start_store("j-store", "127.0.0.1")
+    port = await launcher.start_store("j-store", 1, "127.0.0.1")
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
@@ -172,7 +173,7 @@ async def test_store_listens_only_on_its_address(tmp_path: Path) -> None:
         pid = next(iter(launcher._stores.values())).pid
         assert pid in launcher.own_pids()
     finally:
-        await launcher.stop_store("j-store")
+        await launcher.stop_store("j-store", 1)
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
 
@@ -185,15 +186,15 @@ async def test_store_ignores_a_frenzyd_in_the_daemons_cwd(
     (tmp_path / "old" / "frenzyd" / "__init__.py").write_text("")
     monkeypatch.chdir(tmp_path / "old")
     launcher = Launcher(tmp_path / "data")
-    port = await launcher.start_store("j-cwd", "127.0.0.1")
-    await launcher.stop_store("j-cwd")
+    port = await launcher.start_store("j-cwd", 1, "127.0.0.1")
+    await launcher.stop_store("j-cwd", 1)
     assert port > 0
 
 
 async def test_store_on_foreign_address_fails_clearly(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path / "data")
     with pytest.raises(LaunchError, match=r"rendezvous store did not start on 192\.0\.2\.1"):
-        await launcher.start_store("j-bad", "192.0.2.1")
+        await launcher.start_store("j-bad", 1, "192.0.2.1")
 
 
 FAMILY = textwrap.dedent(
@@ -218,7 +219,7 @@ async def test_cancel_kills_the_process_group(tmp_path: Path, mode: str) -> None
     m = await out.wait_for(0, r"(\d+) (\d+)\n")
     rank_pid, child_pid = int(m.group(1)), int(m.group(2))
     assert {rank_pid, child_pid} <= launcher.own_pids()
-    await launcher.cancel("j-c")
+    await launcher.cancel("j-c", 1)
     code = await h.wait()
     assert code == (-signal.SIGTERM if mode == "polite" else -signal.SIGKILL)
     await wait_pid_gone(child_pid, 10)
@@ -260,7 +261,7 @@ async def test_ranks_die_with_their_daemon_and_leftovers_are_reaped(tmp_path: Pa
     assert alive(rank_pid)
     assert alive(child_pid)
     pid_files = list((tmp_path / "data" / "launcher" / "pids").glob("*.pid"))
-    assert [p.name for p in pid_files] == ["j-pd.rank0.pid"]
+    assert sorted(p.name for p in pid_files) == ["j-pd.a1.rank0.pid", "j-pd.a1.supervisor.pid"]
     parent.kill()  # SIGKILL: the daemon gets no chance to clean up
     await parent.wait()
     await wait_pid_gone(rank_pid, 10)  # parent-death signal

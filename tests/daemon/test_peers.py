@@ -173,8 +173,8 @@ async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
         (b"\xc1\x00garbage", "malformed"),
         (b"x" * 5000, "oversized"),
         (msgpack.packb({"v": 99, "k": "heartbeat", "b": hb}), "version"),
-        (msgpack.packb({"v": 1, "k": "heartbeat", "b": dict(hb, term="0")}), "schema"),
-        (msgpack.packb({"v": 1, "k": "nope", "b": {}}), "unknown_kind"),
+        (msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "heartbeat", "b": dict(hb, term="0")}), "schema"),
+        (msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": "nope", "b": {}}), "unknown_kind"),
         (msgpack.packb([1, 2, 3]), "not_a_frame"),
     ]
     for data, reason in cases:

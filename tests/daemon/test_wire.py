@@ -13,6 +13,8 @@ from frenzyd.errors import WireError
 from frenzyd.net import wire
 from frenzyd.net.wire import FrameRejected, Schema
 
+V = wire.PROTOCOL_VERSION
+
 HB = {"node_id": "ab" * 16, "name": "ws-01", "address": "10.0.0.1:7470", "priority": 0, "term": 3}
 
 
@@ -37,23 +39,23 @@ def test_unknown_extra_keys_survive_for_forward_compatibility() -> None:
         (b"", "malformed"),
         (b"\xc1", "malformed"),  # a msgpack byte that is never valid
         (b"\xdb\xff\xff\xff\xff", "malformed"),  # str32 claiming 4 GiB, truncated
-        (_raw({"v": 1, "k": "ok", "b": {}}) + b"\x00", "malformed"),  # trailing bytes
+        (_raw({"v": V, "k": "ok", "b": {}}) + b"\x00", "malformed"),  # trailing bytes
         (b"\x91" * 100_000, "malformed"),  # nested too deep
         (_raw([1, "ok", {}]), "not_a_frame"),
-        (_raw({"v": 1, "k": "ok"}), "not_a_frame"),
+        (_raw({"v": V, "k": "ok"}), "not_a_frame"),
         (_raw({"v": "1", "k": "ok", "b": {}}), "not_a_frame"),
         (_raw({"v": True, "k": "ok", "b": {}}), "not_a_frame"),
-        (_raw({"v": 1, "k": 7, "b": {}}), "not_a_frame"),
-        (_raw({"v": 1, "k": "ok", "b": [1]}), "not_a_frame"),
-        (_raw({"v": 2, "k": "ok", "b": {}}), "version"),
+        (_raw({"v": V, "k": 7, "b": {}}), "not_a_frame"),
+        (_raw({"v": V, "k": "ok", "b": [1]}), "not_a_frame"),
+        (_raw({"v": V + 1, "k": "ok", "b": {}}), "version"),
         (_raw({"v": 0, "k": "ok", "b": {}}), "version"),
-        (_raw({"v": 1, "k": "no-such-kind", "b": {}}), "unknown_kind"),
-        (_raw({"v": 1, "k": "heartbeat", "b": {k: v for k, v in HB.items() if k != "term"}}), "schema"),
-        (_raw({"v": 1, "k": "heartbeat", "b": dict(HB, term="3")}), "schema"),
-        (_raw({"v": 1, "k": "heartbeat", "b": dict(HB, priority=True)}), "schema"),
-        (_raw({"v": 1, "k": "heartbeat", "b": dict(HB, coordinator=5)}), "schema"),
-        (_raw({"v": 1, "k": "signed", "b": {"frame": "text", "cert": b"", "sig": b""}}), "schema"),
-        (msgpack.packb({"v": 1, "k": "ok", "b": {"x": msgpack.ExtType(5, b"x")}}), "malformed"),
+        (_raw({"v": V, "k": "no-such-kind", "b": {}}), "unknown_kind"),
+        (_raw({"v": V, "k": "heartbeat", "b": {k: v for k, v in HB.items() if k != "term"}}), "schema"),
+        (_raw({"v": V, "k": "heartbeat", "b": dict(HB, term="3")}), "schema"),
+        (_raw({"v": V, "k": "heartbeat", "b": dict(HB, priority=True)}), "schema"),
+        (_raw({"v": V, "k": "heartbeat", "b": dict(HB, coordinator=5)}), "schema"),
+        (_raw({"v": V, "k": "signed", "b": {"frame": "text", "cert": b"", "sig": b""}}), "schema"),
+        (msgpack.packb({"v": V, "k": "ok", "b": {"x": msgpack.ExtType(5, b"x")}}), "malformed"),
         (b"\x81\xa2\xff\xfe\x01", "malformed"),  # invalid UTF-8 in a key
     ],
 )

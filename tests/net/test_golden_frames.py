@@ -1,6 +1,10 @@
-"""Golden frames: the exact bytes of every wire message kind, as the daemons sent them before the
-typed messages existed (pinned from the dict-based senders at commit fb519af).  A change here is
-a wire-protocol change: it needs a new protocol version and a migration note in the README."""
+"""Golden frames: the exact bytes of every wire message kind.
+
+Protocol 1 was pinned from the dict-based senders at commit fb519af; protocol 2 (attempts: every job
+order, lease, report, output and result carries ``(job_id, attempt)``; ``job.attempt``; records with a
+``schema``) was pinned when it was introduced.  A change here is a wire-protocol change: it needs a
+new protocol version and a note in the README's "Upgrading".  Regenerate with
+``python tests/net/test_golden_frames.py`` only together with such a bump."""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from frenzyd.jobs.lifecycle import Exits, run_attempt, step
 from frenzyd.jobs.messages import (
     Ack,
+    AttemptAck,
+    JobAttempt,
     JobCancel,
     JobExit,
     JobFinished,
@@ -28,7 +35,7 @@ from frenzyd.jobs.messages import (
     PayloadFetch,
     StateAck,
 )
-from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record, record_exits, transition
+from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record
 from frenzyd.net import wire
 from frenzyd.net.messages import Heartbeat, HeartbeatReport
 
@@ -50,20 +57,19 @@ DECL_PLAN = JobPlan(gpu_type="RTX-3090", gpus=2, dp=2, tp=1, pp=1, zero=0, micro
 def frames() -> dict[str, bytes]:
     """One representative frame per kind (and per sender variant), built as the daemons build them."""
     q = new_record("ws-01-20261201-143000-ab12", SPEC, "n" * 64, "ws-01", 1_700_000_000.5)
-    run = transition(q, "running", now=1_700_000_010.25, plan=MARP_PLAN, ranks=RANKS, term=3,
-                     message="placed")
-    done = record_exits(run, {0: 0, 1: 0}, now=1_700_000_100.0)
+    run = run_attempt(q, RANKS, now=1_700_000_010.25, term=3, plan=MARP_PLAN)
+    done = step(run, Exits(1, {0: 0, 1: 0}), now=1_700_000_100.0)
     dq = new_record("ws-01-20261201-143001-cd34", DECL, "n" * 64, "ws-01", 1_700_000_001.0)
-    drun = transition(dq, "running", now=1_700_000_011.0, plan=DECL_PLAN, ranks=RANKS, term=3,
-                      message="placed")
+    drun = run_attempt(dq, RANKS, now=1_700_000_011.0, term=3, plan=DECL_PLAN)
     gpu = {"uuid": "GPU-0", "index": 0, "type": "A100-80GB", "memory_bytes": 80 << 30, "free_bytes": 70 << 30,
            "utilization": 0, "simulated": True, "offered": True, "foreign_processes": 0, "leased_to": run.id}
-    lease = {"job_id": run.id, "gpus": ["GPU-0"], "term": 3, "coordinator": "c" * 64, "launched": True}
+    lease = {"job_id": run.id, "attempt": 1, "gpus": ["GPU-0"], "term": 3, "coordinator": "c" * 64,
+             "launched": True}
     report = {"python": "3.11.7", "torch": "2.13.0", "gpus": [gpu], "leases": [lease],
               "jobs": [q.summary(), run.summary()]}
     enc = wire.encode_message
-    launch = JobLaunch(run.id, 3, run, "10.0.0.1", master_port=0, start_store=True, backend="gloo")
-    stop = enc(JobStop(run.id, 3))
+    launch = JobLaunch(run.id, 1, 3, run, "10.0.0.1", master_port=0, start_store=True, backend="gloo")
+    stop = enc(JobStop(run.id, 1, 3))
     return {
         "heartbeat": enc(Heartbeat("n" * 64, "ws-01", "10.0.0.1:7470", 2, 3, "c" * 64,
                                    HeartbeatReport.from_dict(report))),
@@ -75,27 +81,29 @@ def frames() -> dict[str, bytes]:
         "job.cancel": enc(JobCancel(run.id)),
         "job.state": enc(JobState(run)),
         "job.state.declared": enc(JobState(drun)),
-        "lease.request": enc(LeaseRequest(run.id, ("GPU-0", "GPU-1"), 3)),
-        "lease.release": enc(LeaseRelease(run.id, 3)),
+        "job.attempt": enc(JobAttempt(q.id, 3, 0)),
+        "lease.request": enc(LeaseRequest(run.id, 1, ("GPU-0", "GPU-1"), 3)),
+        "lease.release": enc(LeaseRelease(run.id, 1, 3)),
         "job.launch": enc(launch),
-        "job.launch.others": enc(JobLaunch(run.id, 3, run, "10.0.0.1", 29500, start_store=False,
+        "job.launch.others": enc(JobLaunch(run.id, 1, 3, run, "10.0.0.1", 29500, start_store=False,
                                            backend="gloo")),
         "job.stop": stop,
-        "payload.fetch": enc(PayloadFetch(run.id, 0, 1 << 20)),
-        "job.output": enc(JobOutput(run.id, (OutputChunk(-1, "frenzy", b"[12 bytes of output dropped]\n"),
-                                             OutputChunk(0, "stdout", b"step 1 loss 3.2\n"),
-                                             OutputChunk(1, "stderr", b"warn\n")))),
-        "job.results": enc(JobResults(run.id, 0, 5, b"hello")),
-        "job.exit": enc(JobExit(run.id, 3, ((0, 0), (1, 0)), "n" * 64, run, vacated=False, reason="")),
-        "job.exit.vacated": enc(JobExit(run.id, 3, ((1, -15),), "m" * 64, run, vacated=True,
+        "payload.fetch": enc(PayloadFetch(run.id, 1, 0, 1 << 20)),
+        "job.output": enc(JobOutput(run.id, 1, (OutputChunk(-1, "frenzy", b"[12 bytes of output dropped]\n"),
+                                                OutputChunk(0, "stdout", b"step 1 loss 3.2\n"),
+                                                OutputChunk(1, "stderr", b"warn\n")))),
+        "job.results": enc(JobResults(run.id, 1, 0, 5, b"hello")),
+        "job.exit": enc(JobExit(run.id, 1, 3, ((0, 0), (1, 0)), "n" * 64, run, vacated=False, reason="")),
+        "job.exit.vacated": enc(JobExit(run.id, 1, 3, ((1, -15),), "m" * 64, run, vacated=True,
                                         reason="the owner of GPU GPU-1 is using it")),
-        "job.finished": enc(JobFinished(done.id)),
+        "job.finished": enc(JobFinished(done.id, 1)),
         "signed": wire.encode("signed", {"frame": stop, "cert": b"-----BEGIN CERTIFICATE-----\n",
                                          "sig": bytes(range(64))}),
         "reply.ack": wire.encode("ok", Ack().to_body()),
         "reply.refused": wire.encode("ok", Ack(False, "not the coordinator").to_body()),
         "reply.state": wire.encode("ok", StateAck("running").to_body()),
         "reply.launch": wire.encode("ok", LaunchAck(29500).to_body()),
+        "reply.attempt": wire.encode("ok", AttemptAck(2, "queued").to_body()),
         "reply.payload": wire.encode("ok", PayloadChunk(b"\x00\x01payload", 1234).to_body()),
     }
 
@@ -122,3 +130,9 @@ def test_typed_messages_round_trip(name: str) -> None:
     typed = wire.parse(msg)
     if isinstance(typed, wire.Body):
         assert wire.encode_message(typed).hex() == GOLDEN[name]
+
+
+if __name__ == "__main__":  # re-pin (only with a protocol version bump)
+    out = Path(__file__).parent / "golden_frames.json"
+    out.write_text(json.dumps({k: v.hex() for k, v in sorted(frames().items())}, indent=1) + "\n")
+    print(f"wrote {out}")

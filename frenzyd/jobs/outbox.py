@@ -1,0 +1,109 @@
+"""A rank host's outbox: finished attempts' exit reports and rank 0's results, kept on disk until the
+job's submitter acknowledges them (DESIGN.md §8: a finished job's status and results are never lost,
+so it is never run again).
+
+Layout: ``data_dir/outbox/<job>.a<attempt>/`` holds ``report.json`` (``{"created_at", "submitter",
+"exit": <job.exit body>}``) and, for rank 0's host, ``results.bin``.  Entries survive a restart of
+the rank host; an unreadable one is moved to ``data_dir/quarantine/outbox/`` and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from frenzyd.errors import WireError
+from frenzyd.jobs.messages import JobExit
+from frenzyd.jobs.model import valid_job_id
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    report: JobExit
+    submitter: str
+    created_at: float
+    has_results: bool
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.report.job_id, self.report.attempt)
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Outbox:
+    """Undelivered exit reports (and results) of this node's finished attempts."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "outbox"
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.quarantined = 0
+        self._entries: dict[tuple[str, int], OutboxEntry] = {}
+        for d in sorted(self.root.iterdir()):
+            if d.is_dir():
+                self._load(d)
+
+    def _dir(self, job_id: str, attempt: int) -> Path:
+        if not valid_job_id(job_id):
+            raise WireError(f"bad job id {job_id!r}")
+        return self.root / f"{job_id}.a{attempt}"
+
+    def _load(self, d: Path) -> None:
+        try:
+            doc = json.loads((d / "report.json").read_text())
+            report = JobExit.from_body(doc["exit"])
+            entry = OutboxEntry(report, str(doc["submitter"]), float(doc["created_at"]),
+                                (d / "results.bin").is_file())
+            where = self._dir(report.job_id, report.attempt)
+        except (OSError, ValueError, KeyError, TypeError, WireError) as exc:
+            self._quarantine(d, exc)
+            return
+        if d != where:
+            self._quarantine(d, f"entry of {report.job_id} attempt {report.attempt} in {d.name}")
+            return
+        self._entries[entry.key] = entry
+
+    def _quarantine(self, d: Path, why: object) -> None:
+        qdir = self.root.parent / "quarantine" / "outbox"
+        qdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dest = qdir / f"{d.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        os.replace(d, dest)
+        self.quarantined += 1
+        log.error("unreadable outbox entry %s (%s); moved to %s", d, why, dest)
+
+    def put(self, report: JobExit, submitter: str, results: bytes | None, now: float) -> OutboxEntry:
+        """Persist a finished attempt's report (and results) before anything is sent."""
+        d = self._dir(report.job_id, report.attempt)
+        d.mkdir(exist_ok=True, mode=0o700)
+        if results is not None:
+            _write(d / "results.bin", results)
+        doc = {"created_at": now, "submitter": submitter, "exit": report.to_body()}
+        _write(d / "report.json", json.dumps(doc).encode())
+        entry = OutboxEntry(report, submitter, now, results is not None)
+        self._entries[entry.key] = entry
+        return entry
+
+    def entries(self) -> list[OutboxEntry]:
+        return sorted(self._entries.values(), key=lambda e: e.created_at)
+
+    def results(self, entry: OutboxEntry) -> bytes:
+        return (self._dir(*entry.key) / "results.bin").read_bytes()
+
+    def remove(self, key: tuple[str, int]) -> None:
+        """The submitter has it (or it can never be delivered): forget it."""
+        self._entries.pop(key, None)
+        shutil.rmtree(self._dir(*key), ignore_errors=True)

@@ -1,0 +1,97 @@
+"""Per-attempt lease supervisor: kills a job's ranks when its daemon stops renewing the lease.
+
+Run by :class:`frenzyd.node.launcher.Launcher` as ``python -m frenzyd.node.supervisor --grace S``,
+one per attempt of a job on this node, in its own session, outside the daemon's event loop.  It
+reads commands on stdin, one per line:
+
+* ``watch PGID`` -- a rank's process group to kill when the lease runs out;
+* ``renew SECONDS`` -- the lease now ends SECONDS from now (monotonic clock);
+* ``stop`` -- the attempt is over: exit without killing anything.
+
+When the deadline comes near without a renewal (the daemon is frozen, partitioned from the job's
+submitter, or too slow to renew), it sends SIGTERM to every watched group ``grace`` seconds before
+the deadline and SIGKILL at the deadline, prints ``EXPIRED`` and exits: at the deadline the ranks
+are gone, which is what the coordinator's wait before re-placing the job counts on.  If stdin
+closes without ``stop`` (the daemon died), it kills the groups at once: the ranks must not outlive
+the daemon that answers for them (DESIGN.md §8).  Exit status: ``EXPIRED`` (3) when it killed the
+ranks for the lease, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+
+EXPIRED = 3
+"""Exit status when the lease ran out and the ranks were killed for it."""
+
+
+def _kill(pgids: set[int], sig: int) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def _alive(pgids: set[int]) -> bool:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            continue
+        return True
+    return False
+
+
+def _expire(pgids: set[int], kill_at: float) -> None:
+    _kill(pgids, signal.SIGTERM)
+    while time.monotonic() < kill_at and _alive(pgids):
+        time.sleep(0.05)
+    _kill(pgids, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="frenzyd.node.supervisor")
+    parser.add_argument("--grace", type=float, default=5.0,
+                        help="SIGTERM this many seconds before the deadline, SIGKILL at it")
+    parser.add_argument("--lease", type=float, default=30.0, help="initial lease length in seconds")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the lease (or the daemon's "stop") ends us
+    pgids: set[int] = set()
+    deadline = time.monotonic() + args.lease
+    fd = sys.stdin.fileno()
+    buf = b""
+    while True:
+        left = deadline - args.grace - time.monotonic()
+        if left <= 0:
+            _expire(pgids, deadline)
+            print("EXPIRED", flush=True)
+            return EXPIRED
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:  # the daemon is gone
+            _expire(pgids, time.monotonic())
+            return 0
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            cmd, _, arg = line.decode(errors="replace").strip().partition(" ")
+            try:
+                if cmd == "watch":
+                    pgids.add(int(arg))
+                elif cmd == "renew":
+                    deadline = time.monotonic() + max(0.0, float(arg))
+                elif cmd == "stop":
+                    return 0
+            except ValueError:
+                continue
+
+
+if __name__ == "__main__":
+    sys.exit(main())

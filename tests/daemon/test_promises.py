@@ -1,0 +1,280 @@
+"""Jobs keep their promises (issue 13): the cases a new user hit on a three-daemon pool, each on real
+orchestrators with real launchers, supervisors and rank processes, linked by the harness's router
+(the real wire codec), with shrunken timing (heartbeat 0.2 s, lease 6 s).
+
+Each test names the case it covers.  Ranks append ``{attempt, rank, event, t}`` lines to a ledger
+file outside every data directory, which no daemon touches, every 0.1 s while they work: that is
+how "ran twice at once" (a rank killed without warning is alive until its last line) and "ran
+again after it succeeded" are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from frenzyd.errors import LaunchError
+from frenzyd.node.launcher import Launcher
+
+from .orch_harness import LEASE_S, Pool, eventually, job_dir, pool, request, wait_state
+
+assert pool  # the fixture
+
+LEDGER_SCRIPT = """
+import json, os, sys, time
+ledger = {ledger!r}
+def note(event):
+    with open(ledger, "a") as f:
+        f.write(json.dumps({{"attempt": int(os.environ["FRENZY_ATTEMPT"]), "rank": int(os.environ["RANK"]),
+                            "event": event, "t": time.time()}}) + "\\n")
+note("start")
+print(f"attempt {{os.environ['FRENZY_ATTEMPT']}} rank {{os.environ['RANK']}}", flush=True)
+{body}
+note("end")
+out = os.environ["FRENZY_OUTPUT_DIR"]
+if os.environ["RANK"] == "0":
+    with open(os.path.join(out, "result.txt"), "w") as f:
+        f.write("attempt " + os.environ["FRENZY_ATTEMPT"] + "\\n")
+"""
+
+
+def ledger_job(tmp: Path, body: str) -> tuple[Path, Path]:
+    ledger = tmp / "ledger.ndjson"
+    d = job_dir(tmp, LEDGER_SCRIPT.format(ledger=str(ledger), body=body))
+    return d, ledger
+
+
+def entries(ledger: Path) -> list[dict[str, Any]]:
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def work(seconds: float) -> str:
+    """Rank code that works for ``seconds``, noting in the ledger every 0.1 s that it is alive."""
+    return f"for _ in range(int({seconds} * 10)):\n    note('alive')\n    time.sleep(0.1)"
+
+
+def overlapping_attempts(ledger: Path) -> list[tuple[int, int]]:
+    """Pairs of different attempts whose ranks were alive at the same time (first to last line)."""
+    spans: dict[tuple[int, int], list[float]] = {}
+    for e in entries(ledger):
+        span = spans.setdefault((e["attempt"], e["rank"]), [e["t"], e["t"]])
+        span[1] = max(span[1], e["t"])
+    keys = sorted(spans)
+    return [(a[0], b[0]) for i, a in enumerate(keys) for b in keys[i + 1:]
+            if a[0] != b[0] and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
+
+
+async def output_has(node: Any, job_id: str, text: str, limit: float = 60) -> None:
+    """Wait until the job's output so far contains ``text`` (a line may arrive in pieces)."""
+    seen = ""
+    async with asyncio.timeout(limit):
+        async for ev in node.orch.store.follow(job_id):
+            if ev["type"] == "output":
+                seen += ev["data"]
+                if text in seen:
+                    return
+
+
+async def test_case1_a_finished_attempts_store_never_touches_the_next(tmp_path: Path) -> None:
+    """Case 1: the rendezvous store (and every timer) is keyed by attempt: attempt 1's store
+    closing late does not close attempt 2's."""
+    launcher = Launcher(tmp_path / "data")
+    p1 = await launcher.start_store("job", 1, "127.0.0.1")
+    p2 = await launcher.start_store("job", 2, "127.0.0.1")
+    assert p1 != p2
+    await launcher.cancel("job", 1)  # what attempt 1's linger timer does when it fires
+    reader, writer = await asyncio.open_connection("127.0.0.1", p2)  # attempt 2's store still listens
+    writer.close()
+    await writer.wait_closed()
+    assert reader is not None
+    await launcher.close()
+
+
+async def test_case3_a_cancelled_placement_releases_its_reservation(pool: Pool, tmp_path: Path) -> None:
+    """Case 3: the submitter says "cancelled" while the coordinator places the job: the GPU is
+    released at once and the next job runs on it."""
+    a, b, c = pool.add("a", 0), pool.add("b", 1), pool.add("c", 0)
+    pool.coordinator = "a"
+    on_state = c.orch.submitter.on_state
+
+    async def cancel_first(peer: str, msg: Any) -> Any:
+        if msg.record.state == "running" and not c.orch.store.get(msg.record.id).terminal:
+            await c.orch.cancel(msg.record.id)  # the user cancels just as the placement lands
+        return await on_state(peer, msg)
+
+    c.orch.submitter.on_state = cancel_first  # type: ignore[method-assign]
+    pool.start()
+    first = await c.orch.submit(request(job_dir(tmp_path, "import time\ntime.sleep(30)\n"), nproc=1))
+    await wait_state(c, first.id, {"cancelled"})
+    c.orch.submitter.on_state = on_state  # type: ignore[method-assign]
+    await eventually(lambda: not a.orch.coordinator._reserved, limit=15)
+    second = await c.orch.submit(request(job_dir(tmp_path, "print('second runs')\n"), nproc=1))
+    done = await wait_state(c, second.id, {"succeeded", "failed"}, limit=30)
+    assert done["state"] == "succeeded", done
+    assert b.nid == done["ranks"][0]["peer"]
+
+
+async def test_case4_a_job_waits_for_its_rebooting_peer(pool: Pool, tmp_path: Path) -> None:
+    """Case 4: the only peer that fits restarts: the job waits with the reason shown (well past
+    ``unplaceable_after_s``, since a GPU that fits has been seen) and runs when the peer is back."""
+    pool.add("a", 0)
+    b, c = pool.add("b", 2), pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    warm = await c.orch.submit(request(job_dir(tmp_path, "print('hi')\n"), nproc=1))
+    await wait_state(c, warm.id, {"succeeded"})  # c has seen b's two GPUs
+    await pool.kill("b")
+    rec = await c.orch.submit(request(job_dir(tmp_path, "print('ran after the reboot')\n"), nproc=2))
+    await asyncio.sleep(3 * 2.0)  # three times UNPLACEABLE_S
+    waiting = c.orch.store.get(rec.id)
+    assert (waiting.state, waiting.phase) == ("queued", "waiting")
+    assert "--nproc" in waiting.message  # the reason: no live peer has two GPUs now
+    pool.restart("b")
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=60)
+    assert done["state"] == "succeeded", done
+    assert b.nid == done["ranks"][0]["peer"]
+
+
+async def test_case5_one_failing_rank_stops_the_others(pool: Pool, tmp_path: Path) -> None:
+    """Case 5: rank 1 exits 3 while rank 0 (on another peer) would wait for ten minutes: the job
+    fails within seconds and names rank 1, with its last output."""
+    pool.add("a", 1)
+    pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    script = ("import os, sys, time\nif os.environ['RANK'] == '1':\n"
+              "    print('rank 1 gives up', flush=True)\n    sys.exit(3)\ntime.sleep(600)\n")
+    started = time.monotonic()
+    rec = await c.orch.submit(request(job_dir(tmp_path, script), nproc=2))
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=60)
+    assert done["state"] == "failed"
+    assert done["failed_rank"] == 1
+    assert "rank 1 exited 3 first" in done["message"]
+    assert time.monotonic() - started < 40  # not the 600 s rank 0 would have slept
+    assert "rank 1 gives up" in "".join(e["data"] for e in c.orch.store.read_output(rec.id))
+
+
+async def test_case6_a_restarted_submitter_reattaches_to_its_running_job(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Case 6: the submitter is killed and restarts at once; before it hears any peer its running
+    job looks lost.  It re-attaches instead: one attempt, never restarted."""
+    pool.add("a", 0)
+    pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, "time.sleep(8)")
+    rec = await c.orch.submit(request(d, nproc=1))
+    await output_has(c, rec.id, "attempt 1")
+    await pool.kill("c")
+    await asyncio.sleep(0.5)
+    pool.blind.add("c")  # the restarted daemon has heard no heartbeat yet
+    c = pool.restart("c")
+    await asyncio.sleep(1.5)
+    pool.blind.discard("c")
+    done = await wait_state(c, rec.id, {"succeeded", "failed", "queued"}, limit=60)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] == 1
+    assert {e["attempt"] for e in entries(ledger)} == {1}
+
+
+async def test_case7_a_job_that_finished_while_its_submitter_was_down_is_never_rerun(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Case 7: the submitter is down while its job finishes, longer than any retry of the old
+    exit report; the rank host keeps the report and results on disk and delivers them when it is
+    back.  The job is succeeded with its results, and never runs again."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, "time.sleep(0.5)")
+    rec = await c.orch.submit(request(d, nproc=1))
+    await output_has(c, rec.id, "attempt 1")
+    await pool.kill("c")
+    await eventually(lambda: any(e["event"] == "end" for e in entries(ledger)), limit=30)
+    await eventually(lambda: b.orch.rank_host.outbox.entries() != [], limit=30)
+    await asyncio.sleep(10.0)  # the old code gave up after 30 heartbeats (6 s here)
+    c = pool.restart("c")
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=90)
+    assert done["state"] == "succeeded", done
+    await eventually(lambda: c.orch.store.results(rec.id) is not None, limit=30)
+    await eventually(lambda: b.orch.rank_host.outbox.entries() == [], limit=30)
+    await asyncio.sleep(3.0)
+    assert {e["attempt"] for e in entries(ledger)} == {1}
+    assert c.orch.store.get(rec.id).attempt == 1
+
+
+async def test_case8_a_cut_off_rank_host_never_runs_beside_the_new_attempt(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Case 8: the rank host is cut off from the rest of the pool (as when it is frozen or
+    partitioned) while its ranks run.  Its supervisor kills them when the lease cannot be renewed;
+    the coordinator re-places the job only after that, so no two attempts ever overlap."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(6 * 6))
+    rec = await c.orch.submit(request(d, nproc=1))
+    first = await wait_state(c, rec.id, {"running"})
+    host = first["ranks"][0]["peer"]
+    await output_has(c, rec.id, "attempt 1")
+    for other in ("a", "c", "d" if host == b.nid else "b"):
+        pool.cut.add(frozenset((host, other)))
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=150)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] >= 2
+    assert done["ranks"][0]["peer"] != host
+    assert overlapping_attempts(ledger) == []
+    assert c.orch.store.get(rec.id).lost == 1
+
+
+class FailingFirstLaunch(Launcher):
+    """A launcher whose first rank start fails (a rank host that cannot start the job)."""
+
+    failed = False
+
+    async def launch(self, spec: Any, on_output: Any = None) -> Any:
+        if not FailingFirstLaunch.failed:
+            FailingFirstLaunch.failed = True
+            raise LaunchError("cannot start the rank (test)")
+        return await super().launch(spec, on_output)
+
+
+async def test_case9_the_client_never_sees_a_placement_that_did_not_happen(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Case 9: a placement whose launch fails is never shown as running; the job goes back to
+    waiting, and the placement that does happen is shown with its attempt."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    c = pool.add("c", 0)
+    b.orch.rank_host.launcher = FailingFirstLaunch(tmp_path / "b", term_grace_s=2.0, lease_s=LEASE_S)
+    pool.coordinator = "a"
+    pool.start()
+    rec = await c.orch.submit(request(job_dir(tmp_path, "print('ok')\n"), nproc=1))
+    seen: list[dict[str, Any]] = []
+    async with asyncio.timeout(60):
+        async for ev in c.orch.store.follow(rec.id):
+            if ev["type"] == "state":
+                seen.append(ev["job"])
+                if ev["job"]["state"] in ("succeeded", "failed"):
+                    break
+    assert FailingFirstLaunch.failed
+    running = [j for j in seen if j["state"] == "running"]
+    assert running, seen
+    assert {j["attempt"] for j in running} == {seen[-1]["attempt"]}  # only the real placement
+    assert seen[-1]["state"] == "succeeded"
+    assert seen[-1]["attempt"] >= 2
+    assert any(j["phase"] == "placing" for j in seen)
