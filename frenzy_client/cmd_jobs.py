@@ -266,6 +266,9 @@ def render_status(st: Mapping[str, Any], out: TextIO) -> None:
             lease = f" leased to {g['leased_to']}" if g.get("leased_to") else ""
             free = f"{g['free_bytes'] / 2**30:7.1f}/{g['memory_bytes'] / 2**30:.1f} GiB free"
             print(f"    {g['type']:<12} {free}  {g['uuid']}{sim}{lease}", file=out)
+    for o in st.get("other_versions") or []:
+        print(f"  WARNING: member {o['id'][:12]} speaks wire protocol {o['protocol']}, not this node's; "
+              "upgrade it (README: Upgrading)", file=out)
     _render_jobs(st.get("jobs", []), out)
 
 
@@ -279,6 +282,9 @@ def _render_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
         shape = f"{plan.get('gpus')}x{plan.get('gpu_type')}" if plan else "-"
         print(f"{j['id']:<34} {j['state']:<10} {len(j.get('ranks') or []):>5}  {shape:<24} "
               f"{j.get('submitter_name') or str(j.get('submitter', ''))[:12]}", file=out)
+        if j["state"] == "queued" and j.get("reason"):
+            where = f"#{j['queue_position']} in the queue, " if j.get("queue_position") else ""
+            print(f"    {where}{j.get('phase') or 'waiting'}: {j['reason']}", file=out)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -162,6 +162,7 @@ class Daemon:
             node_id=self.node_id, node_name=self.creds.node_name, term=election.term,
             coordinator=None if coord is None else (coord, names.get(coord, coord[:12])),
             peers=peers, jobs=self.orch.jobs_view(self.view()),
+            other_versions=self.net.counters.other_versions,
         )
 
     # --- lifecycle ----------------------------------------------------------------------------

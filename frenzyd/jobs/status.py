@@ -54,9 +54,19 @@ def build_status(
     coordinator: tuple[str, str] | None,
     peers: Sequence[PeerState],
     jobs: Sequence[Mapping[str, Any]],
+    other_versions: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The status JSON: ``node``, ``coordinator`` (id, name, term) or null, ``peers``, ``jobs``."""
+    """The status JSON: ``node``, ``coordinator`` (id, name, term) or null, ``peers``, ``jobs``, and
+    ``other_versions`` (members speaking another wire protocol version: upgrade them).
+
+    A job's ``state`` keeps its five values; ``phase``, ``reason``, ``attempt`` and, for queued jobs,
+    ``queue_position`` (1 = submitted first among the queued; HAS may start a later one first when
+    it fits better) carry the detail.
+    """
     role = "coordinator" if coordinator is not None and coordinator[0] == node_id else "peer"
+    queued = [j["id"] for j in sorted((j for j in jobs if j.get("state") == "queued"),
+                                      key=lambda j: (_num(j.get("created_at")), j["id"]))]
+    position = {job_id: i + 1 for i, job_id in enumerate(queued)}
     return {
         "node": {"id": node_id, "name": node_name, "role": role, "term": term},
         "coordinator": None if coordinator is None else
@@ -83,9 +93,15 @@ def build_status(
                 "plan": j.get("plan"),
                 "ranks": list(j.get("ranks") or ()),
                 "message": j.get("message", ""),
+                "phase": j.get("phase"),
+                "reason": j.get("reason", j.get("message", "")),
+                "attempt": j.get("attempt"),
+                "failed_rank": j.get("failed_rank"),
+                "queue_position": position.get(j["id"]),
                 "created_at": j.get("created_at"),
                 "updated_at": j.get("updated_at"),
             }
             for j in jobs
         ],
+        "other_versions": [{"id": nid, "protocol": v} for nid, v in sorted((other_versions or {}).items())],
     }

@@ -59,6 +59,9 @@ class Counters:
     send_failures: Counter[str] = field(default_factory=Counter)
     received: Counter[str] = field(default_factory=Counter)
     sent: Counter[str] = field(default_factory=Counter)
+    other_versions: dict[str, int] = field(default_factory=dict)
+    """Authenticated peers whose frames carry another protocol version (node id -> version):
+    members not yet upgraded, named by ``status``."""
 
 
 def error_frame(reason: str, detail: str, status: int) -> tuple[int, bytes]:
@@ -122,7 +125,10 @@ class Dispatcher:
         try:
             msg = wire.decode(data, max_bytes=self.max_frame_bytes)
         except wire.FrameRejected as exc:
+            if exc.version is not None:
+                self.counters.other_versions[peer_id] = exc.version
             return self.drop(exc.reason, label, exc.detail)
+        self.counters.other_versions.pop(peer_id, None)
         self.counters.received[msg.kind] += 1
         try:
             kind, body = await self._dispatch(peer_id, msg)

@@ -48,11 +48,13 @@ FieldType = type | tuple[type, ...]
 class FrameRejected(WireError):
     """A frame was dropped; ``reason`` is one of ``REJECT_REASONS``, ``detail`` says why."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, version: int | None = None) -> None:
         msg = f"wire frame rejected ({reason})"
         super().__init__(f"{msg}: {detail}" if detail else msg)
         self.reason = reason
         self.detail = detail
+        self.version = version
+        """For ``reason == "version"``: the protocol version the frame was written in."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX) -> Message:
     if not isinstance(version, int) or isinstance(version, bool):
         raise FrameRejected("not_a_frame", "version is not an integer")
     if version != PROTOCOL_VERSION:
-        raise FrameRejected("version", f"protocol version {version}, this node speaks {PROTOCOL_VERSION}")
+        raise FrameRejected("version", f"protocol version {version}, this node speaks {PROTOCOL_VERSION}",
+                            version=version)
     if not isinstance(kind, str):
         raise FrameRejected("not_a_frame", "kind is not a string")
     if not isinstance(body, dict):

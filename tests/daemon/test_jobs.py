@@ -231,3 +231,21 @@ def test_orchestration_core_is_pure(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def test_status_shows_phase_reason_queue_position_and_members_to_upgrade() -> None:
+    from frenzyd.jobs.lifecycle import Wait
+    from frenzyd.jobs.status import build_status
+
+    old = step(new_record("old", spec(), "n", "n", 1.0), Wait("no GPU fits now"), now=2.0)
+    new = new_record("new", spec(), "n", "n", 5.0)
+    running = run_attempt(new_record("run", spec(), "n", "n", 0.5), ranks(1), now=3.0)
+    st = build_status(node_id="n", node_name="n", term=1, coordinator=None, peers=[],
+                      jobs=[r.summary() for r in (new, running, old)], other_versions={"m" * 64: 1})
+    by_id = {j["id"]: j for j in st["jobs"]}
+    assert (by_id["old"]["queue_position"], by_id["new"]["queue_position"]) == (1, 2)
+    assert by_id["run"]["queue_position"] is None
+    assert (by_id["old"]["phase"], by_id["old"]["reason"]) == ("waiting", "no GPU fits now")
+    assert (by_id["run"]["phase"], by_id["run"]["attempt"]) == ("running", 1)
+    assert {j["state"] for j in st["jobs"]} <= {"queued", "running", "succeeded", "failed", "cancelled"}
+    assert st["other_versions"] == [{"id": "m" * 64, "protocol": 1}]

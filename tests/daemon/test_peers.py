@@ -182,6 +182,8 @@ async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
         assert status in (400, 413)
         assert (reply.kind, reply.body["reason"]) == ("error", reason)
     assert dict(n1.dropped) == {r: 1 for _, r in cases}
+    # The member that sent the other protocol version is named (status: "upgrade it")...
+    assert n1.counters.other_versions == {me.node_id: 99}
     # A heartbeat claiming to be another node than its certificate is refused.
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", dict(hb, node_id="f" * 32)))
     assert (status, reply.body["reason"]) == (403, "identity_mismatch")
@@ -194,6 +196,7 @@ async def test_garbage_frames_are_dropped_counted_and_the_server_keeps_serving(
     status, reply = await _raw_post(n1, me, wire.encode("heartbeat", hb))
     assert (status, reply.kind, reply.body["node_id"]) == (200, "heartbeat", n1.creds.node_id)
     assert n1.table.get(me.node_id) is not None
+    assert n1.counters.other_versions == {}  # ...until it speaks this node's version
 
 
 async def test_another_pool_is_refused_both_ways(
