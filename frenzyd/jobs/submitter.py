@@ -344,7 +344,11 @@ class SubmitterRole:
     def on_exit(self, peer: str, msg: JobExit) -> None:
         """A peer's ranks of one of our jobs exited: requeue (vacated) or record the exit codes."""
         mine = self.store.find(msg.job_id)
-        if mine is None or mine.terminal:
+        if mine is None:
+            return
+        if mine.terminal:
+            if msg.attempt != mine.attempt:
+                self.ctx.stale(JobExit.KIND, f"job {mine.id} is {mine.state}: exit of attempt {msg.attempt}")
             return
         if msg.record is not None:
             mine = self._apply_placement(mine, msg.record)

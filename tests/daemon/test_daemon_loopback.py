@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,15 @@ def test_one_identity_runs_once_and_a_frozen_rank_host_never_runs_beside_the_new
             s[1] = max(s[1], e["t"])
         ordered = sorted(spans.values())
         assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), spans
+        # The thawed host's report about attempt 1 reaches the submitter, which refuses and counts it.
+        metric = 'frenzy_stale_attempts_refused_total{kind="job.exit"}'
+
+        def refused() -> bool:
+            with urllib.request.urlopen(f"http://{n0.conf.web}/metrics", timeout=10) as r:
+                return any(line.startswith(metric) and float(line.split()[-1]) >= 1
+                           for line in r.read().decode().splitlines())
+
+        wait_until(refused, 60, "the stale exit report to be refused and counted")
     finally:
         if twin is not None:
             twin.stop()
