@@ -246,7 +246,7 @@ class CoordinatorRole:
             self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
-        elif known.state == "queued" and theirs.state == "running" and theirs.attempt > known.attempt \
+        elif known.state == "queued" and theirs.state == "running" and theirs.attempt >= known.attempt \
                 and theirs.id not in self._placing:
             self.table.update(theirs)  # placed by an earlier coordinator: running, not queued
         self.ctx.wake()

@@ -247,6 +247,13 @@ class SubmitterRole:
         return any(isinstance(x, Mapping) and x.get("job_id") == rec.id and x.get("attempt") == rec.attempt
                    for x in [*(rep.get("leases") or ()), *(rep.get("outbox") or ())])
 
+    def _attempt_alive(self, rec: JobRecord) -> bool:
+        """Every peer of the running attempt that has not exited is live here and lists its lease
+        or outbox: a coordinator that cannot see them (an asymmetric partition) must not requeue
+        the job, or the new attempt could start before these ranks' leases run out."""
+        v = self.ctx.view()
+        return all(self._peer_exited(rec, p) or self._peer_has_job(v, p, rec) for p in rec.peers())
+
     @staticmethod
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
         return all(r.rank in rec.exit_codes for r in rec.ranks if r.peer == peer)
@@ -272,6 +279,10 @@ class SubmitterRole:
         """Adopt the coordinator's placement carried in a state or exit message (its attempt only)."""
         if theirs.state != "running" or (rec.state == "running" and rec.attempt == theirs.attempt):
             return rec
+        if theirs.attempt != rec.attempt:  # only the attempt this node numbered can start
+            self.ctx.stale(JobState.KIND, f"job {rec.id}: placement of attempt {theirs.attempt}, "
+                           f"this node numbered attempt {rec.attempt}")
+            return rec
         try:
             placed = Placed(theirs.attempt, theirs.ranks, theirs.term, theirs.plan)
             rec = step(rec, placed, now=self.ctx.clock())
@@ -295,7 +306,8 @@ class SubmitterRole:
                 rec = step(rec, Fail(theirs.message), now=self.ctx.clock())
                 self.store.save(rec)
             elif theirs.state == "queued" and theirs.term == 0 and theirs.attempt == rec.attempt \
-                    and (rec.state == "running" or rec.phase == "placing"):
+                    and (rec.state == "running" or rec.phase == "placing") \
+                    and not (rec.state == "running" and self._attempt_alive(rec)):
                 rec = step(rec, Requeue(rec.attempt, theirs.message, lost=rec.state == "running"),
                            now=self.ctx.clock())
                 self.store.save(rec)

@@ -278,3 +278,26 @@ async def test_case9_the_client_never_sees_a_placement_that_did_not_happen(
     assert seen[-1]["state"] == "succeeded"
     assert seen[-1]["attempt"] >= 2
     assert any(j["phase"] == "placing" for j in seen)
+
+
+async def test_a_coordinator_cut_off_from_the_rank_host_cannot_start_a_second_copy(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """An asymmetric cut: the coordinator loses the rank host, the submitter still sees it running
+    the attempt.  The coordinator's requeue is refused, so the job finishes as attempt 1."""
+    pool.add("a", 0)
+    pool.add("b", 1)
+    pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(3 * LEASE_S))
+    rec = await c.orch.submit(request(d, nproc=1))
+    first = await wait_state(c, rec.id, {"running"})
+    host = first["ranks"][0]["peer"]
+    await output_has(c, rec.id, "attempt 1")
+    pool.cut.add(frozenset(("a", host)))
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=120)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] == 1
+    assert {e["attempt"] for e in entries(ledger)} == {1}
