@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -63,7 +64,16 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _page(request: web.Request) -> web.Response:
     st = _snapshot(request, "/")
-    return web.Response(text=render_page(st), content_type="text/html")
+    return web.Response(text=render_page(st), content_type="text/html", headers=PAGE_HEADERS)
+
+
+PAGE_HEADERS = {
+    # The page is static HTML with one inline style sheet: nothing else may load or run.
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _e(value: object) -> str:
@@ -96,7 +106,8 @@ def render_page(st: Mapping[str, Any]) -> str:
         f"<title>Frenzy pool: {_e(node.get('name'))}</title>",
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1.5em}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#eee}"
-        ".dead{color:#999}.sim{color:#a60}code{font-size:90%}</style></head><body>",
+        ".dead{color:#999}.sim{color:#a60}code{font-size:90%}tr.running td:nth-child(2){color:#070}"
+        "tr.failed td:nth-child(2){color:#b00}tr.queued td:nth-child(2){color:#a60}</style></head><body>",
         f"<h1>Frenzy pool — {_e(node.get('name'))}</h1>",
         f"<p>This node: <b>{_e(node.get('name'))}</b> (<code>{_e(_short(node.get('id')))}</code>), "
         f"role <b>{_e(node.get('role'))}</b>, term {_e(node.get('term'))}.<br>",
@@ -148,9 +159,12 @@ def render_page(st: Mapping[str, Any]) -> str:
         )
     out.append("</table>")
 
-    out.append(f"<h2>Jobs ({len(jobs)})</h2>")
-    out.append("<table><tr><th>id</th><th>state</th><th>submitter</th><th>plan</th><th>ranks</th></tr>")
-    for j in jobs:
+    now = time.time()
+    counts = {s: sum(1 for j in jobs if j.get("state") == s) for s in JOB_ORDER}
+    out.append(f"<h2>Jobs ({len(jobs)}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ")</h2>")
+    out.append("<table><tr><th>job</th><th>state</th><th>attempt</th><th>why / where</th><th>plan</th>"
+               "<th>ranks</th><th>submitter</th><th>age</th><th>ran for</th></tr>")
+    for j in sorted(jobs, key=_job_order):
         plan = j.get("plan")
         plan_text = _plan_text(plan) if isinstance(plan, Mapping) else "—"
         ranks = ", ".join(
@@ -159,14 +173,67 @@ def render_page(st: Mapping[str, Any]) -> str:
             for r in j.get("ranks") or []
         )
         sub = j.get("submitter")
+        state = str(j.get("state"))
+        phase = j.get("phase")
+        detailed = phase and phase not in (state, "done", "running")
+        shown_state = f"{_e(state)} ({_e(phase)})" if detailed else _e(state)
+        why = _e(j.get("reason") or j.get("message") or "")
+        if state == "queued" and j.get("queue_position"):
+            why = f"#{_e(j['queue_position'])} in the queue; {why}"
+        name = f"<b>{_e(j['name'])}</b><br>" if j.get("name") else ""
         out.append(
-            f"<tr><td><code>{_e(j.get('id'))}</code></td><td>{_e(j.get('state'))}</td>"
-            f"<td>{_e(names.get(sub) or _short(sub))}</td><td>{plan_text}</td><td>{ranks or '—'}</td></tr>"
+            f"<tr class='{_e(state)}'><td>{name}<code>{_e(j.get('id'))}</code></td><td>{shown_state}</td>"
+            f"<td>{_e(j.get('attempt') or '—')}</td><td>{why or '—'}</td><td>{plan_text}</td>"
+            f"<td>{ranks or '—'}</td><td>{_e(names.get(sub) or j.get('submitter_name') or _short(sub))}</td>"
+            f"<td>{_duration(now - _num(j.get('created_at')))}</td>"
+            f"<td>{_ran_for(j, now)}</td></tr>"
         )
     out.append("</table>")
     out.append("<p><a href='/api/v1/status'>status JSON</a> · <a href='/metrics'>metrics</a></p>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+JOB_ORDER = ("running", "queued", "failed", "cancelled", "succeeded")
+
+
+def _num(x: object) -> float:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+
+
+def _job_order(j: Mapping[str, Any]) -> tuple[int, float, float]:
+    """Running first, then queued by position, then finished jobs newest first."""
+    state = j.get("state")
+    if state == "running":
+        return (0, -_num(j.get("updated_at")), 0.0)
+    if state == "queued":
+        return (1, _num(j.get("queue_position")), _num(j.get("created_at")))
+    return (2, -_num(j.get("updated_at")), 0.0)
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``7m 05s``, ``3h 12m``, ``2d 4h``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _ran_for(j: Mapping[str, Any], now: float) -> str:
+    if j.get("state") == "queued" or not j.get("updated_at"):
+        return "—"
+    end = now if j.get("state") == "running" else _num(j.get("updated_at"))
+    started = _num(j.get("started_at")) or _num(j.get("created_at"))
+    return _duration(end - started) if started else "—"
+
+
+def _value(v: object) -> str:
+    """A plan value for a person: floats to 3 significant digits, the rest as is."""
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def _plan_text(plan: Mapping[str, Any]) -> str:
@@ -186,7 +253,7 @@ def _plan_text(plan: Mapping[str, Any]) -> str:
             head += f" ({_e(plan['source'])})"
     if plan.get("policy"):
         head += f"; placed by {_e(plan['policy'])}"
-    rest = ", ".join(f"{_e(k)}={_e(v)}" for k, v in plan.items() if k not in shown)
+    rest = ", ".join(f"{_e(k)}={_e(_value(v))}" for k, v in plan.items() if k not in shown)
     return f"{head}<br><small>{rest}</small>" if rest else head
 
 

@@ -99,6 +99,7 @@ def build_status(
                 "failed_rank": j.get("failed_rank"),
                 "queue_position": position.get(j["id"]),
                 "created_at": j.get("created_at"),
+                "started_at": j.get("started_at"),
                 "updated_at": j.get("updated_at"),
             }
             for j in jobs

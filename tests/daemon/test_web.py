@@ -32,11 +32,14 @@ STATUS: dict[str, Any] = {
                    "free_bytes": 16 * GIB, "simulated": True, "leased_to": None}]},
     ],
     "jobs": [
-        {"id": "job-1", "state": "running", "submitter": "cccc3333",
-         "plan": {"gpu_type": "A100-80GB", "gpus": 1, "dp": 1}, "ranks": [
+        {"id": "job-0", "state": "succeeded", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": [],
+         "created_at": 1000.0, "started_at": 1010.0, "updated_at": 1100.0},
+        {"id": "job-1", "state": "running", "submitter": "cccc3333", "name": "my-run", "attempt": 2,
+         "phase": "running", "plan": {"gpu_type": "A100-80GB", "gpus": 1, "dp": 1,
+                                      "step_time_s": 0.001560604356923077}, "ranks": [
              {"rank": 0, "peer": "aaaa1111bbbb2222", "gpu": "SIM-ws-01-0"}]},
-        {"id": "job-2", "state": "queued", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": []},
-        {"id": "job-0", "state": "succeeded", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": []},
+        {"id": "job-2", "state": "queued", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": [],
+         "phase": "waiting", "queue_position": 1, "reason": "no GPU type in this pool fits it now"},
     ],
 }
 
@@ -94,8 +97,22 @@ async def test_html_page_shows_peers_gpus_jobs_and_escapes(server: tuple[str, Bo
     assert "(simulated)" in page
     assert "2 alive of 3" in page
     assert "<code>job-2</code></td><td>queued" in page
+    assert "#1 in the queue; no GPU type in this pool fits it now" in page
+    assert "<b>my-run</b>" in page
     assert "0@ws-01:SIM-ws-01-0" in page
     assert "1 × A100-80GB: dp 1, tp 1, pp 1, ZeRO-0" in page
+    assert "step_time_s=0.00156<" in page  # not 0.001560604356923077
+    # running first, then queued, then finished
+    assert page.index("job-1</code>") < page.index("job-2</code>") < page.index("job-0</code>")
+    assert "1m 30s" in page  # job-0 ran from 1010 to 1100
+
+
+async def test_page_forbids_everything_but_its_own_style(server: tuple[str, Box, MetricsRegistry]) -> None:
+    base, _, _ = server
+    async with aiohttp.ClientSession() as s, s.get(base + "/") as resp:
+        csp = resp.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp
+    assert "script-src" not in csp  # no script may run
 
 
 async def test_page_without_coordinator(server: tuple[str, Box, MetricsRegistry]) -> None:
@@ -140,7 +157,7 @@ async def test_metrics_parse_and_follow_status(server: tuple[str, Box, MetricsRe
     assert m[("frenzy_auth_refusals_total", (("reason", "unknown_ca"),))] == 1
     assert m[("frenzy_wire_rejects_total", (("reason", "malformed"),))] == 5
     counts["malformed"] = 7
-    box.status["jobs"][0]["state"] = "succeeded"
+    next(j for j in box.status["jobs"] if j["id"] == "job-1")["state"] = "succeeded"
     m = parse((await get(base + "/metrics"))[2])
     assert m[("frenzy_wire_rejects_total", (("reason", "malformed"),))] == 7
     assert m[("frenzy_jobs", (("state", "succeeded"),))] == 2
