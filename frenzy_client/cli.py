@@ -19,6 +19,8 @@ _COMMAND_MODULES = (
 )
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+"""argparse's status for a bad command line; also flags that do not go together (``UsageError``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +48,13 @@ def run_cli(argv: Sequence[str]) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from frenzy_client.trainer_job import UsageError
+
     try:
         return int(args.handler(args))
+    except UsageError as exc:
+        print(f"frenzy-client {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except FrenzyError as exc:
         print(f"frenzy-client: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -47,35 +47,75 @@ def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
 
 
 def register(sub: Any) -> None:
+    from frenzy_client.trainer_job import TRAINER_DEFAULTS as DEFAULTS
+
     p = sub.add_parser(
         "run", help="submit a training job to the pool and stream its output",
-        description="Submit SCRIPT (run with torchrun's environment contract on the peers Frenzy picks) "
-                    "and stream its output. Either --model (+ --seq-len ...) lets MARP size the job, or "
-                    "--nproc and --mem-per-rank say what it needs. "
-                    "SCRIPT's directory is shipped to the peers.",
+        description="Train with no script: --model, --data, --seq-len, --global-batch and --steps run "
+                    "Frenzy's built-in trainer on the plan MARP and the scheduler choose (you never name "
+                    "a GPU, a parallel degree or a micro-batch); the trained model comes back in "
+                    "./frenzy-results/JOB/model/. Or submit SCRIPT (run with torchrun's environment "
+                    "contract on the peers Frenzy picks; its directory is shipped): --model (+ --seq-len "
+                    "...) lets MARP size it, or --nproc and --mem-per-rank say what it needs.",
     )
     _common(p)
-    p.add_argument("--model", help="HF config.json path or MARP preset (e.g. gpt2, llama-3-8b)")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int)
-    p.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="bf16-mixed")
-    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    p.add_argument("--recompute", choices=["none", "full"], default="none")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0)
-    p.add_argument("--nproc", type=int, help="number of ranks (jobs without --model)")
+    p.add_argument("--model", help="HF config.json path or MARP preset (e.g. tiny-llama, gpt2, llama-3-8b)")
+    p.add_argument("--data", metavar="PATH",
+                   help="training data for the built-in trainer: UTF-8 text (byte tokens) or a nanoGPT "
+                        "flat .bin (uint16 ids, uint32 above 65,536); shipped to the ranks, at most "
+                        "[launcher] max_data_bytes (default 4 GiB). Not with a script")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="per-rank micro-batch of a script job (default 1; not with --data: MARP picks it)")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="bf16-mixed",
+                   help="default bf16-mixed")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="default adamw")
+    p.add_argument("--recompute", choices=["none", "full"], default="none", help="default none")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None,
+                   help="ZeRO stage of a script job (default 0; not with --data: MARP picks it)")
+    p.add_argument("--nproc", type=int, help="number of ranks (script jobs without --model)")
     p.add_argument("--mem-per-rank", type=parse_bytes, metavar="BYTES",
-                   help="GPU memory each rank needs, e.g. 4GiB (jobs without --model)")
+                   help="GPU memory each rank needs, e.g. 4GiB (script jobs without --model)")
     p.add_argument("--steps", type=int, metavar="N",
-                   help="optimizer steps the job will run (its declared work): the scheduler starts "
-                        "shorter work first, and the ranks get it as FRENZY_STEPS; without it the job "
-                        "counts as no shorter than any job that declares its work")
-    p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page")
-    p.add_argument("--detach", action="store_true", help="print the job id and return at once")
+                   help="optimizer steps (required with --data); for a script, its declared work: the "
+                        "scheduler starts shorter work first, and the ranks get it as FRENZY_STEPS; "
+                        "without it the job counts as no shorter than any job that declares its work")
+    p.add_argument("--lr", type=float, help=f"peak learning rate, --data only (default {DEFAULTS['lr']}): "
+                   "linear warmup, then cosine decay to 10%% at the last step")
+    p.add_argument("--warmup", type=int, metavar="W",
+                   help=f"warmup steps, --data only (default {DEFAULTS['warmup']})")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help=f"checkpoint every K steps, --data only (default {DEFAULTS['checkpoint_every']}; "
+                        "0: only when stopped)")
+    p.add_argument("--seed", type=int, help=f"initialisation and data-order seed, --data only "
+                   f"(default {DEFAULTS['seed']})")
+    p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page "
+                   "(default: the script's or the model's name)")
+    p.add_argument("--detach", action="store_true",
+                   help="print the job id ({\"job\": ID, ...} with --json) and return at once")
     p.add_argument("--results-dir", type=Path,
                    help="where rank 0's output files go (default ./frenzy-results/JOB)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT ARGS")
     p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("wait", help="wait for a job to end, fetch its results, print its final summary",
+                       description="Follow JOB until it ends (its output and progress, as run prints "
+                                   "them), fetch rank 0's files into ./frenzy-results/JOB/ and print the "
+                                   "final summary. Exit 0 succeeded, 1 failed, 3 cancelled.")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB")
+    p.add_argument("--results-dir", type=Path, help="default ./frenzy-results/JOB")
+    p.set_defaults(handler=cmd_wait)
+
+    p = sub.add_parser("results", help="fetch a finished job's files (submitted on this peer)",
+                       description="Fetch rank 0's output files of a finished JOB (kept by its submitter "
+                                   "for [jobs] retention_s) into DIR; a trainer job's final summary goes "
+                                   "to DIR/summary.json and its model to DIR/model/.")
+    _common(p)
+    p.add_argument("job_id", metavar="JOB")
+    p.add_argument("--out", type=Path, metavar="DIR", help="default ./frenzy-results/JOB")
+    p.set_defaults(handler=cmd_results)
 
     p = sub.add_parser("status", help="the pool as this daemon sees it (peers, GPUs, coordinator, jobs)")
     _common(p)
@@ -103,11 +143,20 @@ def _client(args: argparse.Namespace) -> DaemonClient:
     return client_from_args(args.daemon, args.token_file)
 
 
-def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
-    """The submit request of ``run``'s arguments (script directory, argv, resources)."""
+def _command(args: argparse.Namespace) -> list[str]:
     cmd = list(args.command)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    return cmd[1:] if cmd and cmd[0] == "--" else cmd
+
+
+def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+    """The submit request of ``run``'s arguments: the built-in trainer's (``--data``; see
+    ``trainer_job.build_trainer_request``) or a script's (its directory, argv, resources)."""
+    from frenzy_client import trainer_job
+
+    cmd = _command(args)
+    trainer_job.check_usage(args, cmd)
+    if args.data is not None:
+        return trainer_job.build_trainer_request(args, cwd, trainer_job.default_max_data_bytes())
     if not cmd:
         raise ConfigError("give the script to run after '--', e.g. frenzy-client run --nproc 2 "
                           "--mem-per-rank 1GiB -- train.py --lr 3e-4")
@@ -116,8 +165,8 @@ def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
         raise ConfigError(f"script {cmd[0]} not found (looked at {script})")
     req: dict[str, Any] = {
         "workdir": str(script.parent), "argv": [script.name, *cmd[1:]], "name": args.name or script.name,
-        "micro_batch": args.micro_batch, "global_batch": args.global_batch, "dtype": args.dtype,
-        "optimizer": args.optimizer, "recompute": args.recompute, "zero": args.zero,
+        "micro_batch": args.micro_batch or 1, "global_batch": args.global_batch, "dtype": args.dtype,
+        "optimizer": args.optimizer, "recompute": args.recompute, "zero": args.zero or 0,
         "nproc": args.nproc, "mem_per_rank": args.mem_per_rank, "seq_len": args.seq_len,
         "steps": args.steps,
     }
@@ -211,31 +260,74 @@ def _extract_results(data: bytes, dest: Path) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from frenzy_client import trainer_job
+
     req = build_request(args, Path.cwd())
     async with _client(args) as c:
-        job = await c.submit(req)
+        try:
+            job = await c.submit(req)
+        finally:
+            trainer_job.discard_workdir(req)  # the daemon packed it before answering
         if args.detach:
-            print(json.dumps(job) if args.json else job["id"])
+            print(json.dumps({"job": job["id"], **job}) if args.json else job["id"])
             return EXIT_OK
-        r = _Renderer(sys.stdout, sys.stderr)
-        r._note(f"submitted job {job['id']} to {c.address}")
-        async for ev in c.events(job["id"], follow=True):
-            if args.json:
-                print(json.dumps(ev), flush=True)
-            else:
-                r.event(ev)
-        r.flush()
-        final = (await c.job(job["id"]))["job"]
-        state = final["state"]
-        dest = args.results_dir or Path.cwd() / "frenzy-results" / job["id"]
-        data = await c.results(job["id"])
-        n = _extract_results(data, dest) if data else 0
-        if not args.json:
-            msg = f"job {job['id']} {state}" + (f": {final['message']}" if final.get("message") else "")
-            if n:
-                msg += f"; {n} result file(s) in {dest}"
-            r._note(msg)
-        return _exit_code(state)
+        return await _follow(c, job["id"], args, args.results_dir, submitted=True)
+
+
+async def _follow(c: DaemonClient, job_id: str, args: argparse.Namespace, results_dir: Path | None,
+                  *, submitted: bool = False) -> int:
+    """Stream a job's events until it ends (JSON Lines with ``--json``: state, step, output, one
+    final last), unpack its results and print the final summary; the job's exit code."""
+    from frenzy_client import trainer_job
+
+    r = _Renderer(sys.stdout, sys.stderr)
+    if submitted:
+        r._note(f"submitted job {job_id} to {c.address}")
+    progress = trainer_job.Progress(job_id)
+    async for ev in c.events(job_id, follow=True):
+        steps = progress.event(ev)
+        if args.json:
+            print(json.dumps(ev), flush=True)
+            for st in steps:
+                print(json.dumps(st), flush=True)
+        else:
+            r.event(ev)
+    r.flush()
+    reply = await c.job(job_id)
+    final, code = await _finish(c, job_id, reply, progress, results_dir)
+    if args.json:
+        print(json.dumps(final), flush=True)
+    else:
+        msg = f"job {job_id} {final['state']}" + (f": {final['message']}" if final.get("message") else "")
+        if final.get("results_dir"):
+            msg += f"; {final['results_files']} result file(s) in {final['results_dir']}"
+        r._note(msg)
+        if final.get("loss_last") is not None:
+            r._note(f"loss {final['loss_first']:.4f} -> {final['loss_last']:.4f} over {final['steps_done']} "
+                    f"step(s); model in {final.get('model_dir')}")
+    return code
+
+
+async def _finish(c: DaemonClient, job_id: str, reply: Mapping[str, Any], progress: Any,
+                  results_dir: Path | None) -> tuple[dict[str, Any], int]:
+    """Fetch and unpack the results of an ended job; the final summary (written to the results'
+    ``summary.json`` for a trainer job) and the exit code."""
+    from frenzy_client import trainer_job
+
+    job, record = reply["job"], reply.get("record")
+    trainer = bool(((record or {}).get("spec") or {}).get("trainer"))
+    dest = results_dir or Path.cwd() / "frenzy-results" / job_id
+    data = await c.results(job_id)
+    n = _extract_results(data, dest) if data else 0
+    if trainer and n:
+        trainer_job.settle_results(dest)
+    final = trainer_job.final_summary(job, record, progress, dest if n else None)
+    if trainer and n:
+        (dest / "summary.json").write_text(json.dumps(final, indent=2) + "\n")
+    out = dict(final)
+    if n:
+        out.update(results_dir=str(dest.resolve()), results_files=n)
+    return out, _exit_code(job["state"])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -285,6 +377,37 @@ def _render_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
         if j["state"] == "queued" and j.get("reason"):
             where = f"#{j['queue_position']} in the queue, " if j.get("queue_position") else ""
             print(f"    {where}{j.get('phase') or 'waiting'}: {j['reason']}", file=out)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    async def go() -> int:
+        async with _client(args) as c:
+            return await _follow(c, args.job_id, args, args.results_dir)
+
+    try:
+        return asyncio.run(go())
+    except KeyboardInterrupt:
+        print("frenzy-client: stopped waiting; the job keeps running", file=sys.stderr)
+        return 130
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    async def go() -> tuple[dict[str, Any], int]:
+        async with _client(args) as c:
+            reply = await c.job(args.job_id)
+            if reply["job"]["state"] not in ("succeeded", "failed", "cancelled"):
+                raise FrenzyError(f"job {args.job_id} is {reply['job']['state']}: its results come when it "
+                                  f"ends (frenzy-client wait {args.job_id})")
+            return await _finish(c, args.job_id, reply, None, args.out)
+
+    final, _ = asyncio.run(go())
+    if args.json:
+        print(json.dumps(final))
+    elif final.get("results_dir"):
+        print(f"{final['results_files']} file(s) of job {args.job_id} in {final['results_dir']}")
+    else:
+        print(f"job {args.job_id} left no result files")
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:

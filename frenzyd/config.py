@@ -101,7 +101,19 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "none",
         "run ranks as this unprivileged user (daemon must be root); default: the daemon's user",
     ),
-    ("launcher", "max_payload_bytes", "268435456", "cap on a job's shipped directory (256 MiB)"),
+    (
+        "launcher",
+        "max_payload_bytes",
+        "268435456",
+        "cap on a job's shipped directory (256 MiB); never below max_data_bytes + 16 MiB, so a built-in "
+        "trainer job's data file always fits its payload",
+    ),
+    (
+        "launcher",
+        "max_data_bytes",
+        "4294967296",
+        "cap on a built-in trainer job's data file (run --data; 4 GiB); the client refuses larger files",
+    ),
     ("launcher", "max_result_bytes", "67108864", "cap on rank 0's returned output files (64 MiB)"),
     (
         "launcher",
@@ -264,11 +276,16 @@ class TimingSection:
     inventory_refresh_s: float = 2.0
 
 
+DATA_SLACK_BYTES: Final = 16 * 1024 * 1024
+"""What packing a data file may add to it (tar headers, gzip of incompressible tokens)."""
+
+
 @dataclass(frozen=True)
 class LauncherSection:
     run_as: str | None = None
-    max_payload_bytes: int = 256 * 1024 * 1024
+    max_payload_bytes: int = 4 * 1024**3 + DATA_SLACK_BYTES  # the loader keeps it >= max_data_bytes + slack
     max_result_bytes: int = 64 * 1024 * 1024
+    max_data_bytes: int = 4 * 1024**3
     rendezvous_ports: tuple[int, int] = (29400, 29499)
     term_grace_s: float = 10.0
 
@@ -548,9 +565,13 @@ def config_from_dict(
             f"[launcher] rendezvous_ports = {ports!r}: expected [LOW, HIGH] with "
             "1024 <= LOW <= HIGH <= 65535, e.g. [29400, 29499]"
         )
+    max_data = la.int_("max_data_bytes", 4 * 1024**3, 1)
     launcher = LauncherSection(
         run_as=la.str_("run_as"),
-        max_payload_bytes=la.int_("max_payload_bytes", 256 * 1024 * 1024, 1),
+        # One cap moves every payload, a trainer job's data file included (tar/gzip adds < 16 MiB to it).
+        max_payload_bytes=max(la.int_("max_payload_bytes", 256 * 1024 * 1024, 1),
+                              max_data + DATA_SLACK_BYTES),
+        max_data_bytes=max_data,
         max_result_bytes=la.int_("max_result_bytes", 64 * 1024 * 1024, 1),
         rendezvous_ports=(ports[0], ports[1]),
         term_grace_s=la.float_("term_grace_s", 10.0),

@@ -77,10 +77,49 @@ class JobSpec:
     mem_per_rank: int | None = None
     steps: int | None = None
     """Declared work in optimizer steps (``--steps``): HAS runs shorter work first; None = not said."""
+    trainer: bool = False
+    """The ranks run the built-in trainer (``frenzyd.trainer``) instead of ``argv``, on the plan MARP
+    placed; ``argv`` is empty, ``data_name`` is the data file in the payload."""
+    data_name: str | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    checkpoint_every: int | None = None
+    seed: int | None = None
+    """Trainer options; None = the trainer's default (``frenzyd.trainer.plan.DEFAULTS``)."""
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The options a trainer job hands its ranks in ``FRENZY_PLAN`` (None: the trainer's default)."""
+        opts = {"lr": self.lr, "warmup": self.warmup, "checkpoint_every": self.checkpoint_every,
+                "seed": self.seed, "dtype": self.dtype, "recompute": self.recompute,
+                "optimizer": self.optimizer, "steps": self.steps}
+        return {k: v for k, v in opts.items() if v is not None}
+
+    def _validate_trainer(self) -> None:
+        if self.argv:
+            raise ConfigError("a built-in trainer job (--data) runs no script: drop the command after '--'")
+        if self.model is None and self.model_config is None:
+            raise ConfigError("a built-in trainer job needs --model CONFIG_OR_PRESET")
+        if not self.data_name or "/" in self.data_name or self.data_name in (".", ".."):
+            raise ConfigError("a built-in trainer job needs its data file's name (a plain file name)")
+        if self.global_batch is None or self.global_batch <= 0:
+            raise ConfigError("a built-in trainer job needs --global-batch G (sequences per optimizer step)")
+        if self.steps is None:
+            raise ConfigError("a built-in trainer job needs --steps N (optimizer steps)")
+        if self.nproc is not None or self.mem_per_rank is not None or self.zero or self.micro_batch != 1:
+            raise ConfigError("a built-in trainer job's plan comes from MARP: drop --nproc, --mem-per-rank, "
+                              "--zero and --micro-batch")
+        if self.lr is not None and not 0 < self.lr < 1:
+            raise ConfigError("--lr must be in (0, 1)")
+        for what, v in (("--warmup", self.warmup), ("--checkpoint-every", self.checkpoint_every),
+                        ("--seed", self.seed)):
+            if v is not None and v < 0:
+                raise ConfigError(f"{what} must be >= 0")
 
     def validate(self) -> JobSpec:
         """Check the spec; raise ``ConfigError`` saying what to change.  Returns self."""
-        if not self.argv:
+        if self.trainer:
+            self._validate_trainer()
+        elif not self.argv:
             raise ConfigError("no command: give the script after '--', e.g. 'frenzy-client run -- train.py'")
         if len(self.argv) > MAX_ARGV or any(len(a) > MAX_ARG_LEN for a in self.argv):
             raise ConfigError(f"command too long: at most {MAX_ARGV} arguments of {MAX_ARG_LEN} characters")
@@ -132,7 +171,10 @@ class JobSpec:
             "nproc": self.nproc,
             "mem_per_rank": self.mem_per_rank,
             "steps": self.steps,
-        }
+        } | ({  # only trainer jobs carry these: a script job's dict (and its frames) is unchanged
+            "trainer": True, "data_name": self.data_name, "lr": self.lr, "warmup": self.warmup,
+            "checkpoint_every": self.checkpoint_every, "seed": self.seed,
+        } if self.trainer else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
@@ -163,6 +205,12 @@ class JobSpec:
                 nproc=_opt(d, "nproc", int),
                 mem_per_rank=_opt(d, "mem_per_rank", int),
                 steps=_opt(d, "steps", int),
+                trainer=bool(_opt(d, "trainer", bool)),
+                data_name=_opt(d, "data_name", str),
+                lr=None if d.get("lr") is None else float(_typed_num(d, "lr")),
+                warmup=_opt(d, "warmup", int),
+                checkpoint_every=_opt(d, "checkpoint_every", int),
+                seed=_opt(d, "seed", int),
             )
         except KeyError as exc:
             raise WireError(f"job spec: missing key {exc.args[0]!r}") from None
@@ -177,6 +225,13 @@ def _typed(d: Mapping[str, Any], key: str, typ: type) -> Any:
     if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
         raise WireError(f"job spec: {key} must be {typ.__name__}")
     return v
+
+
+def _typed_num(d: Mapping[str, Any], key: str) -> float:
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise WireError(f"job spec: {key} must be a number")
+    return float(v)
 
 
 def _opt(d: Mapping[str, Any], key: str, typ: type) -> Any:

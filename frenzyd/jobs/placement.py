@@ -260,7 +260,8 @@ def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) ->
 def marp_plans(
     spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
 ) -> list[JobPlan]:
-    """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types."""
+    """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types; for a
+    built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``)."""
     from frenzyd.errors import ModelConfigError
     from frenzyd.marp.model import list_presets, load_model, spec_from_config
     from frenzyd.marp.plans import feasible_plans
@@ -295,7 +296,7 @@ def marp_plans(
     ]
     if not pools:
         return []
-    plans = feasible_plans(model, setup, pools, headroom=headroom)
+    plans = feasible_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
     return [
         JobPlan(gpu_type=pl.gpu_type, gpus=pl.gpus, dp=pl.dp, tp=pl.tp, pp=pl.pp, zero=pl.zero,
                 micro_batch=pl.micro_batch, grad_accum=pl.grad_accum, bytes_per_gpu=pl.bytes_per_gpu,

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from frenzyd.jobs.messages import (
 )
 from frenzyd.jobs.model import (
     JobRecord,
+    JobSpec,
     LeaseTable,
 )
 from frenzyd.jobs.outbox import Outbox, OutboxEntry
@@ -48,6 +51,41 @@ MAX_DELIVERY_BACKOFF_S = 60.0
 """Longest wait between two tries to deliver an exit report to an unreachable submitter."""
 
 log = logging.getLogger(__name__)
+
+
+def _pythonpath() -> str:
+    """``frenzyd`` importable by trainer ranks even when the daemon runs from a source tree."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = os.environ.get("PYTHONPATH")
+    return root if not old else f"{root}{os.pathsep}{old}"
+
+
+def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Path,
+                 stop_grace_s: float) -> tuple[list[str], dict[str, str]]:
+    """The ranks' command and Frenzy variables (DESIGN.md §8) for one attempt: the user's script,
+    or for a trainer job ``python -m frenzyd.trainer`` with the whole job in ``FRENZY_PLAN`` (the
+    placed plan + model, seq_len, global_batch, data, steps and the trainer options) and a
+    per-attempt ``FRENZY_CHECKPOINT_DIR`` under ``run_dir``."""
+    job_plan = dict(plan)
+    if spec.model is not None or spec.model_config is not None:
+        job_plan.update(seq_len=spec.seq_len, global_batch=spec.global_batch)
+        if spec.model_config is not None:  # the trainer reads a config.json path
+            cfg = run_dir / "model-config.json"
+            cfg.write_text(json.dumps(spec.model_config))
+            job_plan["model"] = str(cfg)
+        else:
+            job_plan["model"] = spec.model
+    grace = str(stop_grace_s)
+    if not spec.trainer:
+        return list(spec.argv), {"FRENZY_PLAN": json.dumps(job_plan), "FRENZY_STOP_GRACE_S": grace}
+    assert spec.data_name is not None  # JobSpec.validate
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    job_plan.update(spec.trainer_options(), data=str(work / spec.data_name))
+    return [sys.executable, "-m", "frenzyd.trainer"], {
+        "FRENZY_PLAN": json.dumps(job_plan), "FRENZY_CHECKPOINT_DIR": str(ckpt),
+        "FRENZY_STOP_GRACE_S": grace, "PYTHONPATH": _pythonpath(),
+    }
 
 
 class RankHostRole:
@@ -145,12 +183,13 @@ class RankHostRole:
             local_world = len(mine)
             plan = rec.plan.to_dict() if rec.plan is not None else {}
             gpu_indices = tuple(r.gpu_index for r in sorted(mine, key=lambda r: r.local_rank))
+            argv, env = await asyncio.to_thread(self._command, rec, plan, run_dir, work)
             for r in mine:
                 spec = self._rank_spec(
                     job_id=job_id, rank=r.rank, local_rank=r.local_rank, world_size=rec.world_size,
                     local_world_size=local_world, master_addr=msg.master_addr, master_port=port,
-                    gpu_indices=gpu_indices, argv=list(rec.spec.argv), workdir=work, output_dir=outdir,
-                    env={"FRENZY_JOB_ID": job_id, "FRENZY_PLAN": json.dumps(plan),
+                    gpu_indices=gpu_indices, argv=argv, workdir=work, output_dir=outdir,
+                    env={"FRENZY_JOB_ID": job_id, **env,
                          **({"FRENZY_STEPS": str(rec.spec.steps)} if rec.spec.steps else {})},
                     backend=msg.backend, socket_ifname=self.socket_ifname, attempt=attempt,
                 )
@@ -168,6 +207,10 @@ class RankHostRole:
         self.ctx.spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
                     f"watch {job_id}")
         return LaunchAck(port)
+
+    def _command(self, rec: JobRecord, plan: dict[str, Any], run_dir: Path,
+                 work: Path) -> tuple[list[str], dict[str, str]]:
+        return rank_command(rec.spec, plan, run_dir, work, getattr(self.launcher, "term_grace_s", 10.0))
 
     async def _fetch_payload(self, rec: JobRecord) -> bytes:
         size = rec.spec.payload_size

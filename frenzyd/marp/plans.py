@@ -29,6 +29,7 @@ from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.marp import model as M
 from frenzyd.marp.analytic import DEFAULT_CONSTANTS, AnalyticConstants, predict
 from frenzyd.marp.calibration import Calibration
+from frenzyd.marp.combos import runs
 from frenzyd.marp.overhead import overhead_bytes
 from frenzyd.marp.spec import GpuPool, ModelSpec, Plan, TrainingSetup
 from frenzyd.marp.validate import validate
@@ -163,8 +164,12 @@ def feasible_plans(
     constants: AnalyticConstants = DEFAULT_CONSTANTS,
     calibration: Calibration | None = None,
     torch_version: str = CALIBRATED_TORCH,
+    trainer_only: bool = False,
 ) -> list[Plan]:
     """Feasible plans of the job over ``pools``, best (fastest) first; at most one per (type, GPU count).
+
+    ``trainer_only``: only plans the built-in trainer executes (``combos.runs``: its table of
+    parallel forms, 1F1B's grad_accum >= pp, ...), for jobs that run ``frenzyd.trainer``.
 
     Only ``setup``'s job shape is used (seq_len, dtype, optimizer, recompute,
     effective global batch); its dp/tp/pp/zero/micro_batch are ignored.  A
@@ -198,6 +203,9 @@ def feasible_plans(
                 for zero in zeros:
                     # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
                     fit: tuple[TrainingSetup, int] | None = None
+                    if trainer_only:  # what runs depends on the micro-batch only through grad_accum
+                        micros = [m for m in _divisors(per_dp)
+                                  if runs(replace(probe, micro_batch=m, zero=zero), model)]
                     lo, hi = 0, len(micros) - 1
                     while lo <= hi:  # memory grows with the micro-batch: binary search
                         mid = (lo + hi) // 2

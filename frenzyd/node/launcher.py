@@ -470,13 +470,15 @@ async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCa
 
 
 # ---- payloads ---------------------------------------------------------------------------------
-_SKIP_DIRS = {"__pycache__", ".git"}
+_SKIP_DIRS = {"__pycache__", ".git", "frenzy-results"}
+"""Never shipped: caches, git, and ``frenzy-client run``'s own results (./frenzy-results/JOB/)."""
 
 
 def pack_dir(path: Path, max_bytes: int) -> tuple[bytes, str]:
     """A gzip'd tar of the plain files under ``path`` and its sha256 hex.
 
-    Symlinks and special files are skipped, as are ``__pycache__`` and ``.git``.
+    Symlinks and special files are skipped, as are ``__pycache__``, ``.git`` and
+    ``frenzy-results`` (earlier jobs' results in the submitter's directory).
     Raises :class:`LaunchError` when the files (uncompressed) or the archive
     exceed ``max_bytes``.
     """
