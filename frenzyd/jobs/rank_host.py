@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -60,12 +61,21 @@ def _pythonpath() -> str:
     return root if not old else f"{root}{os.pathsep}{old}"
 
 
+ALL_RANKS_HERE = "all-ranks-here"
+"""Marks an attempt's run directory whose ranks all ran on this node: its checkpoints hold every shard."""
+
+
 def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Path,
-                 stop_grace_s: float) -> tuple[list[str], dict[str, str]]:
+                 stop_grace_s: float, *, all_ranks_here: bool = False) -> tuple[list[str], dict[str, str]]:
     """The ranks' command and Frenzy variables (DESIGN.md §8) for one attempt: the user's script,
     or for a trainer job ``python -m frenzyd.trainer`` with the whole job in ``FRENZY_PLAN`` (the
     placed plan + model, seq_len, global_batch, data, steps and the trainer options) and a
-    per-attempt ``FRENZY_CHECKPOINT_DIR`` under ``run_dir``."""
+    per-attempt ``FRENZY_CHECKPOINT_DIR`` under ``run_dir`` (``runs/JOB/aN``).
+
+    Resume, local only: when every rank of this attempt runs here, the checkpoint directory starts
+    with the newest complete checkpoint of an earlier attempt whose ranks also all ran here (hard
+    links; DCP reshards it onto this attempt's plan).  Checkpoints are not yet copied to the
+    submitter, so an attempt placed elsewhere, or over several nodes, starts from step 0."""
     job_plan = dict(plan)
     if spec.model is not None or spec.model_config is not None:
         job_plan.update(seq_len=spec.seq_len, global_batch=spec.global_batch)
@@ -81,11 +91,45 @@ def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Pa
     assert spec.data_name is not None  # JobSpec.validate
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
+    if all_ranks_here:
+        (run_dir / ALL_RANKS_HERE).touch()
+        _seed_checkpoint(run_dir, ckpt)
     job_plan.update(spec.trainer_options(), data=str(work / spec.data_name))
     return [sys.executable, "-m", "frenzyd.trainer"], {
         "FRENZY_PLAN": json.dumps(job_plan), "FRENZY_CHECKPOINT_DIR": str(ckpt),
         "FRENZY_STOP_GRACE_S": grace, "PYTHONPATH": _pythonpath(),
     }
+
+
+def _seed_checkpoint(run_dir: Path, ckpt: Path) -> Path | None:
+    """Hard-link the newest complete checkpoint of an earlier all-local attempt of the job into
+    ``ckpt`` (see :func:`rank_command`); the checkpoint used, or None."""
+    try:
+        current = int(run_dir.name.removeprefix("a"))
+    except ValueError:
+        return None
+    best: tuple[int, Path] | None = None
+    for prev in run_dir.parent.glob("a*"):
+        try:
+            k = int(prev.name.removeprefix("a"))
+        except ValueError:
+            continue
+        if k >= current or not (prev / ALL_RANKS_HERE).is_file():
+            continue
+        for step in (prev / "checkpoints").glob("step-*"):
+            n = step.name.removeprefix("step-")
+            if n.isdigit() and (step / "COMPLETE").is_file() and (best is None or int(n) > best[0]):
+                best = (int(n), step)
+    if best is None or (ckpt / best[1].name).exists():
+        return None
+    try:
+        shutil.copytree(best[1], ckpt / best[1].name, copy_function=os.link)
+    except OSError as exc:
+        log.warning("checkpoint %s not reused: %s", best[1], exc)
+        shutil.rmtree(ckpt / best[1].name, ignore_errors=True)
+        return None
+    log.info("resuming from %s", best[1])
+    return best[1]
 
 
 class RankHostRole:
@@ -210,7 +254,9 @@ class RankHostRole:
 
     def _command(self, rec: JobRecord, plan: dict[str, Any], run_dir: Path,
                  work: Path) -> tuple[list[str], dict[str, str]]:
-        return rank_command(rec.spec, plan, run_dir, work, getattr(self.launcher, "term_grace_s", 10.0))
+        here = all(r.peer == self.ctx.node_id for r in rec.ranks)
+        return rank_command(rec.spec, plan, run_dir, work, getattr(self.launcher, "term_grace_s", 10.0),
+                            all_ranks_here=here)
 
     async def _fetch_payload(self, rec: JobRecord) -> bytes:
         size = rec.spec.payload_size

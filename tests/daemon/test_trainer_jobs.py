@@ -3,6 +3,7 @@ and trainer ranks (gloo), and the refusals the client makes before submitting an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -307,3 +308,66 @@ def test_client_refuses_the_data_the_trainer_refuses(tmp_path: Path) -> None:
             except trainer_job.UsageError:
                 client_ok = False
             assert client_ok == trainer_ok, (name, vocab)
+
+
+async def test_a_vacated_trainer_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """The owner takes the GPU of a running trainer job: its rank is stopped (SIGTERM: it saves a
+    checkpoint), the job is requeued, and the next attempt on the node's other GPU continues from
+    the newest complete checkpoint instead of step 0 (local resume; see rank_host.rank_command)."""
+    from .orch_harness import Pool, wait_state
+
+    pool = Pool(tmp_path)
+    try:
+        a = pool.add("a", 2)
+        pool.coordinator = "a"
+        pool.start()
+        d = tmp_path / "job"
+        d.mkdir()
+        write_corpus(d / "corpus.txt", 16 << 10)
+        steps = 600
+        rec = await a.orch.submit({
+            "workdir": str(d), "argv": [], "trainer": True, "data_name": "corpus.txt", "model_config": TINY,
+            "name": "tiny", "seq_len": 16, "global_batch": 8, "steps": steps, "dtype": "fp32", "lr": 3e-3,
+            "checkpoint_every": 20})
+        first = await wait_state(a, rec.id, {"running"})
+        progress = trainer_job.Progress(rec.id)
+        async with asyncio.timeout(120):
+            async for ev in a.orch.store.follow(rec.id):
+                progress.event(ev)
+                if progress.last_step is not None and progress.last_step["step"] >= 25:
+                    break
+        gpu = next(g for g in a.gpus if g["uuid"] == first["ranks"][0]["gpu"])
+        gpu["foreign_processes"] = 1  # the workstation's owner starts something on that GPU
+        gpu["offered"] = False
+        assert await a.orch.protect_owner(a.gpus) == [rec.id]
+        done = await wait_state(a, rec.id, {"succeeded", "failed"}, limit=180)
+        assert done["state"] == "succeeded", done
+        assert done["attempt"] >= 2
+        assert done["ranks"][0]["gpu"] != gpu["uuid"]
+        summary = json.loads(_results_file(a.orch.store.results(rec.id), "summary.json"))
+        resumed = summary["resumed_from_step"]
+        assert resumed >= 20
+        assert resumed < steps
+        assert summary["steps_done"] == steps
+        assert len(summary["losses"]) == steps
+        printed = trainer_job.Progress(rec.id)
+        for ev in a.orch.store.read_output(rec.id):
+            printed.event(ev)
+        before = printed.losses[1]  # attempt 1's losses, as its rank 0 printed them
+        assert max(before) >= resumed  # it got as far as its last checkpoint (and perhaps further)
+        assert summary["losses"][:resumed] == [before[s] for s in range(1, resumed + 1)]
+        after = printed.losses[done["attempt"]]
+        assert min(after) == resumed + 1  # the last attempt started where the checkpoint left off
+    finally:
+        await pool.close()
+
+
+def _results_file(data: bytes | None, name: str) -> str:
+    import io
+    import tarfile
+
+    assert data
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
+        f = tf.extractfile(name)
+        assert f is not None
+        return f.read().decode()
