@@ -21,9 +21,11 @@ from frenzyd.sim.cluster import alibaba_cluster, parse_cluster_toml
 from frenzyd.sim.jobs import MarpPlanSource, prepare_jobs
 from frenzyd.sim.mapping import MAPPINGS, map_jobs
 from frenzyd.sim.run import run_policies
-from frenzyd.sim.trace import busy_window, parse_philly_csv
+from frenzyd.sim.trace import parse_philly_csv, split_window
 
-DEFAULT_POLICIES = ("frenzy", "sia", "gavel", "fifo")
+DEFAULT_POLICIES = ("frenzy", "sia", "gavel", "fifo", "tiresias", "srtf")
+OPEN_SPLITS = ("tune", "validation")
+"""Trace splits ``simulate`` draws from; the test split is for ``scripts/bench_sched.py --final`` only."""
 
 
 def data_path(name: str) -> str:
@@ -53,7 +55,7 @@ def register(sub: Any) -> None:
         "--policy",
         action="append",
         metavar="NAME_OR_MODULE:ATTR",
-        help=f"policy to run (repeatable): {', '.join(BUILTIN)} or module:attr (default: all four)",
+        help=f"policy to run (repeatable): {', '.join(BUILTIN)} or module:attr (default: all six)",
     )
     p.add_argument("--jobs", type=int, default=200, help="jobs sampled from a busy window (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the window, the mapping and the policies")
@@ -70,6 +72,19 @@ def register(sub: Any) -> None:
         type=float,
         default=DEFAULT_TIME_LIMIT_S,
         help=f"seconds per Sia ILP solve before the incumbent is taken (default {DEFAULT_TIME_LIMIT_S:g})",
+    )
+    p.add_argument(
+        "--split",
+        default="tune",
+        choices=OPEN_SPLITS,
+        help="trace part to draw the window from: tune (first 60 %% by time, default) or validation "
+        "(next 20 %%); the last 20 %% is the test split, run only by scripts/bench_sched.py --final",
+    )
+    p.add_argument(
+        "--per-job",
+        action="store_true",
+        help="also list every job per policy: id, arrival, start, finish, JCT, restarts, GPU types "
+        "(the JSON gets a 'jobs' list per policy)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (DESIGN.md §6)")
     p.set_defaults(handler=_run)
@@ -96,7 +111,7 @@ def simulate_command(args: argparse.Namespace, *, progress: bool) -> dict[str, o
         raise ConfigError("--jobs must be at least 1")
     cluster = load_cluster(args.cluster, alibaba_gpus=args.alibaba_gpus, seed=args.seed)
     trace = parse_philly_csv(read_text(args.trace, "trace"))
-    window = busy_window(trace, args.jobs, args.seed)
+    window = split_window(trace, args.jobs, args.seed, args.split)
     llm = map_jobs(window, args.mapping, args.seed)
     jobs, dropped = prepare_jobs(llm, cluster, MarpPlanSource(), load=args.load)
     if not jobs:
@@ -106,7 +121,7 @@ def simulate_command(args: argparse.Namespace, *, progress: bool) -> dict[str, o
     def report(msg: str) -> None:
         print(f"simulate: {msg}", file=sys.stderr, flush=True)
 
-    body, _ = run_policies(
+    body, results = run_policies(
         policies,
         jobs,
         cluster,
@@ -114,7 +129,7 @@ def simulate_command(args: argparse.Namespace, *, progress: bool) -> dict[str, o
         clock=time.perf_counter,
         progress=report if progress else None,
     )
-    return {
+    out: dict[str, object] = {
         "run": {
             "trace": args.trace,
             "cluster": args.cluster,
@@ -122,11 +137,15 @@ def simulate_command(args: argparse.Namespace, *, progress: bool) -> dict[str, o
             "seed": args.seed,
             "load": args.load,
             "mapping": args.mapping,
+            "split": args.split,
             "gpus": len(cluster.gpus),
             "dropped_infeasible": dropped,
         },
         **body,
     }
+    if getattr(args, "per_job", False):
+        out["jobs"] = {r.name: [o.as_json() for o in r.outcomes] for r in results}
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
@@ -151,6 +170,27 @@ def render(result: dict[str, Any]) -> str:
             f"{p['oom_failures']:>5}{p['restarts']:>9}{p['solver_timeouts']:>9}"
             f"{d['median']:>11.2f}{d['p95']:>8.2f}{d['max']:>8.2f}"
         )
+    if "jobs" in result:
+        lines += ["", render_jobs(result["jobs"])]
+    return "\n".join(lines)
+
+
+def render_jobs(jobs: dict[str, list[dict[str, Any]]]) -> str:
+    """One line per job and policy: arrival, start, finish and JCT in hours, restarts, GPU types."""
+
+    def h(x: float | None) -> str:
+        return "-" if x is None else f"{x / 3600:.2f}"
+
+    lines = [
+        f"{'policy':<12}{'job':<10}{'state':<11}{'arrive h':>9}{'start h':>9}{'finish h':>9}{'JCT h':>8}"
+        f"{'restarts':>9}  GPU types"
+    ]
+    for name, rows in jobs.items():
+        for j in rows:
+            lines.append(
+                f"{name:<12}{j['id']:<10}{j['state']:<11}{h(j['arrival_s']):>9}{h(j['start_s']):>9}"
+                f"{h(j['finish_s']):>9}{h(j['jct_s']):>8}{j['restarts']:>9}  {','.join(j['gpu_types'])}"
+            )
     return "\n".join(lines)
 
 

@@ -96,10 +96,14 @@ class JobView:
     service_s: tuple[tuple[str, float], ...] = ()
     global_batch: int = 1
     """Sequences per optimizer step (the declared work is ``total_steps × global_batch``)."""
+    stop_cost_s: float = 0.0
+    """Seconds a stop of the running job adds to its restart: its checkpoint write (the pool's model;
+    the simulator's ``sim.preemption``; 0 when unknown)."""
 
     @property
     def restart_cost_s(self) -> float:
-        return self.speed.restart_cost_s
+        """Seconds a re-placement costs the job: start-up and checkpoint load, plus the stop's write."""
+        return self.speed.restart_cost_s + self.stop_cost_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Policy names: the built-ins (frenzy, sia, gavel, fifo, tiresias, srtf) and outside ``module:attr``."""
+"""Policy names: the built-ins (frenzy, sia, gavel, fifo, tiresias, srtf, srtf-wide) and ``module:attr``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.has.gavel import GavelPolicy
 from frenzyd.has.interface import Decision, Policy, Snapshot
 from frenzyd.has.sia import DEFAULT_TIME_LIMIT_S, SiaPolicy
-from frenzyd.has.srtf import SrtfPolicy
+from frenzyd.has.srtf import SrtfPolicy, SrtfWidePolicy
 from frenzyd.has.tiresias import TiresiasPolicy
 
 BUILTIN: dict[str, Callable[[], Policy]] = {
@@ -22,6 +22,7 @@ BUILTIN: dict[str, Callable[[], Policy]] = {
     "fifo": FifoPolicy,
     "tiresias": TiresiasPolicy,
     "srtf": SrtfPolicy,
+    "srtf-wide": SrtfWidePolicy,
 }
 
 

@@ -117,19 +117,25 @@ class SrtfPolicy:
         placements: list[Placement] = []
         stopped: list[str] = []
         for _, _, _, job, plans in order:
-            placed = self._place_free(job, plans, index)
+            placed = self._place_free(job, self._free_choices(job, plans), index)
             if placed is None:
                 placed = self._place_by_stopping(job, plans, index, running, stopped)
             if placed is not None:
                 placements.append(placed)
         return Decision(placements=tuple(placements), preemptions=tuple(stopped))
 
+    def _free_choices(self, job: JobView, plans: dict[str, Plan]) -> list[Plan]:
+        """The plans a job may start on free GPUs with: its budget plan on each type."""
+        del job
+        return list(plans.values())
+
     @staticmethod
     def _place_free(
-        job: JobView, plans: dict[str, Plan], index: dict[str, dict[str, list[Gpu]]]
+        job: JobView, choices: list[Plan], index: dict[str, dict[str, list[Gpu]]]
     ) -> Placement | None:
         best: tuple[float, str, Plan, list[Gpu]] | None = None
-        for t, plan in plans.items():
+        for plan in choices:
+            t = plan.gpu_type
             peers = index.get(t, {})
             if sum(len(gs) for gs in peers.values()) < plan.gpus:
                 continue
@@ -188,3 +194,20 @@ class SrtfPolicy:
             stopped.append(jid)
         take(index, gpus)
         return Placement(job.job_id, plan, tuple(gpus))
+
+
+class SrtfWidePolicy(SrtfPolicy):
+    """The reference, elastic at start: on free GPUs a job takes whichever of its plans ends it soonest.
+
+    The same order, backfilling and preemption as :class:`SrtfPolicy`, but a
+    job that starts on free GPUs may use any of MARP's plans that the free
+    GPUs hold, not only the user's GPU count: at low load, spreading a job
+    over idle GPUs shortens it (no resizing once it runs).  The benchmark
+    compares Frenzy with the better of the two references in each cell, so
+    the reference is not weakened by either plan rule.
+    """
+
+    name = "srtf-wide"
+
+    def _free_choices(self, job: JobView, plans: dict[str, Plan]) -> list[Plan]:
+        return list(job.plans)

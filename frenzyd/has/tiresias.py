@@ -28,9 +28,10 @@ called for ``--schedule dlas-gpu``; ``simulator/jobs.py``):
   a starting job takes the type where its plan is fastest among those with
   enough GPUs left in the pass; GPUs by best fit (one peer if one holds
   them, else the fullest peers), tensor-parallel groups inside a peer.
-* **Rounds**: every arrival and completion, and every :data:`ROUND_S`
-  seconds so demotions take effect (the artifact schedules at each queue
-  jump; a 60 s tick is close to that and costs no preemption by itself).
+* **Rounds**: every arrival and completion, and at the first
+  :data:`ROUND_S` tick after a running job crosses a queue limit while a
+  job waits (``wake_at_s``; the artifact schedules at each such queue jump,
+  ``next_job_jump``); quiet ticks before that change nothing and are skipped.
 
 O(J log J + J·T + G) per round for J jobs, T types and G GPUs; no solver.
 """
@@ -60,6 +61,8 @@ class TiresiasPolicy:
     name = "tiresias"
     round_s: float | None = ROUND_S
     time_driven = True  # demotions come with service alone: the simulator must not skip quiet ticks
+    wake_at_s = 0.0
+    """When the next demotion of a running job could change the pass (set by ``decide``; inf if none)."""
 
     def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
         del rng
@@ -91,6 +94,9 @@ class TiresiasPolicy:
             if best is not None:
                 capacity[best.gpu_type] -= best.gpus
                 starts.append((job, best))
+        self.wake_at_s = self._next_demotion_s(
+            snapshot, keep, starts, waiting=len(entries) - len(keep) - len(starts)
+        )
         index = free_index(snapshot.free)
         for _, gpus in stop:
             give(index, gpus)
@@ -102,3 +108,25 @@ class TiresiasPolicy:
             take(index, chosen)
             placements.append(Placement(job.job_id, plan, tuple(chosen)))
         return Decision(placements=tuple(placements), preemptions=tuple(jid for jid, _ in stop))
+
+    @staticmethod
+    def _next_demotion_s(
+        snapshot: Snapshot, keep: set[str], starts: list[tuple[JobView, Plan]], *, waiting: int
+    ) -> float:
+        """The earliest time a job that runs after this pass crosses a queue limit, while a job waits.
+
+        Like the artifact's ``next_job_jump``: between arrivals and
+        completions only a demotion can change the pass, and only when some
+        job waits; the simulator's quiet ticks before then can be skipped.
+        """
+        if waiting <= 0:
+            return float("inf")
+        running = [(r.job, len(r.gpus)) for r in snapshot.running if r.job.job_id in keep]
+        soonest = float("inf")
+        for job, n in [*running, *((j, p.gpus) for j, p in starts)]:
+            attained = sum(s for _, s in job.service_s)
+            for limit in QUEUE_LIMITS_GPU_S:
+                if attained < limit:
+                    soonest = min(soonest, snapshot.now_s + (limit - attained) / max(1, n))
+                    break
+        return soonest

@@ -8,8 +8,8 @@ placements and free GPUs, only a later clock), unless the policy sets
 ``time_driven = True`` (its decisions change with the clock alone).  Every placement costs the
 job's restart cost (start-up plus checkpoint read, ``has.speed``) before it
 makes progress; a job stopped or moved pays the checkpoint costs of
-``sim.preemption`` (its checkpoint write delays its next start; the progress
-since its last periodic checkpoint is lost), the same for every policy.  A
+``sim.preemption`` (its checkpoint write delays its next start; the step in
+flight is lost), the same for every policy.  A
 placement whose plan does not fit the GPU's memory (only possible for plans
 that are not MARP's, i.e. FIFO's user plans) fails after the restart cost
 and is resubmitted with twice the GPUs, at most ``MAX_OOM_RESUBMITS`` times.
@@ -99,6 +99,7 @@ class _State:
     write_delay_s: float = 0.0  # the checkpoint write of the last stop, paid before the next start
     lost_s: float = 0.0  # progress seconds lost to stops, in all
     gpu_types: list[str] = field(default_factory=list)  # the type of every placement, in order
+    stop_cost_s: float = 0.0  # what a stop adds to the restart (the checkpoint write), shown to policies
 
     def view(self) -> JobView:
         return JobView(
@@ -112,6 +113,7 @@ class _State:
             restarts=max(0, self.placements - 1),
             service_s=tuple(sorted(self.service.items())),
             global_batch=self.job.global_batch,
+            stop_cost_s=self.stop_cost_s,
         )
 
 
@@ -135,7 +137,13 @@ def simulate(
     """
     rng = random.Random(seed)
     states = {
-        j.job_id: _State(job=j, remaining=float(j.total_steps), requested=j.requested_gpus) for j in jobs
+        j.job_id: _State(
+            job=j,
+            remaining=float(j.total_steps),
+            requested=j.requested_gpus,
+            stop_cost_s=preemption.stop_cost(j.speed.params, 0.0, 1.0)[1],
+        )
+        for j in jobs
     }
     if len(states) != len(jobs):
         raise SchedulerError("job ids must be unique")
@@ -155,7 +163,8 @@ def simulate(
     next_tick = now + round_s if round_s else float("inf")
     last_changed = True
     # A policy whose decisions change with time alone (Tiresias demotes a running job once its service
-    # passes a threshold) says so with ``time_driven = True``: its round ticks are never skipped.
+    # passes a threshold) says so with ``time_driven = True``: its quiet round ticks are not skipped,
+    # from its ``wake_at_s`` on if it keeps one.
     time_driven = bool(getattr(policy, "time_driven", False))
     ended = 0
     steps = 0
@@ -173,7 +182,7 @@ def simulate(
     def charge_stop(st: _State, t: float) -> None:
         """The checkpoint costs of stopping ``st`` at ``t`` (after :func:`advance`)."""
         progress_s = t - st.ready_s if not st.oom_pending else 0.0
-        lost, write = preemption.stop_cost(st.job.speed.params, progress_s)
+        lost, write = preemption.stop_cost(st.job.speed.params, progress_s, st.step_s)
         if lost > 0 and st.step_s > 0:
             st.remaining = min(float(st.job.total_steps), st.remaining + lost / st.step_s)
             st.lost_s += lost
@@ -290,10 +299,14 @@ def simulate(
         if is_tick:
             while next_tick <= now + _EPS:
                 next_tick += round_s if round_s else float("inf")
-            if not event and not last_changed and not time_driven:
+            if not event and not last_changed:
                 if not running and next_arrival >= len(arrivals):
                     break  # stuck: nothing runs, nothing arrives, the policy places nothing
-                continue  # fixpoint: same state as the last round, only the clock moved
+                # A time-driven policy wants the tick once its clock passes ``wake_at_s`` (if it keeps one);
+                # with nothing running, time alone changes nothing.
+                due = time_driven and running and now >= float(getattr(policy, "wake_at_s", 0.0)) - _EPS
+                if not due:
+                    continue  # fixpoint: same state as the last round, only the clock moved
         for st in running.values():
             advance(st, now)
         snap = Snapshot(

@@ -1,4 +1,10 @@
-"""The Philly job trace: parsing and seeded sampling of a busy window of a few hundred jobs.
+"""The Philly job trace: parsing, the split by time, and seeded sampling of a window of a few hundred jobs.
+
+:func:`split_window` draws from one part of the trace split by submission
+time (:data:`SPLITS`: tune on the first 60 %, validate on the next 20 %,
+test on the last 20 %), so a policy tuned on windows never meets a test
+window.  :func:`busy_window` (the whole trace, 11 distinct busy stretches)
+is kept for old results only.
 
 Columns (``../shared/data/README.md``): ``timestamp`` (submission,
 ``YYYY-MM-DD HH:MM:SS``), ``duration`` (s), ``num_gpus``, ``gpu_time``
@@ -11,6 +17,7 @@ with every result.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import random
@@ -99,3 +106,76 @@ def busy_window(jobs: list[TraceJob], n: int, seed: int, hours: float = WINDOW_H
     window = [jobs[k] for k in picked]
     t0 = window[0].submit_s
     return [TraceJob(x.submit_s - t0, x.duration_s, x.gpus, x.gpu_time_s) for x in window]
+
+
+SPLITS: dict[str, tuple[float, float]] = {
+    "tune": (0.0, 0.6),
+    "validation": (0.6, 0.8),
+    "test": (0.8, 1.0),
+}
+"""The trace split by submission time: first 60 % to tune on, next 20 % to validate, last 20 % to test."""
+_SPLIT_SALT = {"tune": 0x7E1, "validation": 0x7A1, "test": 0x7E5}
+
+
+def split_windows(jobs: list[TraceJob], split: str, n: int, hours: float = WINDOW_HOURS) -> list[int]:
+    """Start indices of the windows of ``split`` that hold at least ``n`` jobs, in a fixed seeded order.
+
+    The split's time range is tiled with back-to-back windows of ``hours``
+    hours from its start (no window crosses a split boundary, none overlaps
+    another); those holding ≥ ``n`` submissions are eligible.  Their order
+    is a fixed shuffle (salted per split), so seeds 0, 1, 2, … draw distinct
+    windows until the split runs out, then repeat them.
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"unknown trace split {split!r}: use one of {', '.join(SPLITS)}")
+    if n < 1:
+        raise ConfigError("--jobs must be at least 1")
+    t_first, t_last = jobs[0].submit_s, jobs[-1].submit_s
+    a, b = SPLITS[split]
+    lo = t_first + a * (t_last - t_first)
+    hi = t_first + b * (t_last - t_first) + (1.0 if b == 1.0 else 0.0)
+    span = hours * 3600.0
+    subs = [j.submit_s for j in jobs]
+    starts: list[int] = []
+    t = lo
+    while t + span <= hi + 1.0:
+        i = bisect.bisect_left(subs, t)
+        k = bisect.bisect_left(subs, min(t + span, hi))
+        if k - i >= n:
+            starts.append(i)
+        t += span
+    random.Random(_SPLIT_SALT[split]).shuffle(starts)
+    return starts
+
+
+def split_window(
+    jobs: list[TraceJob], n: int, seed: int, split: str, hours: float = WINDOW_HOURS
+) -> list[TraceJob]:
+    """``n`` jobs sampled (seeded) from window ``seed`` of ``split`` (:func:`split_windows`).
+
+    Submission times come back relative to the first sampled job.  Raises
+    :class:`ConfigError` when no window of the split holds ``n`` jobs.
+    """
+    starts = split_windows(jobs, split, n, hours)
+    if not starts:
+        raise ConfigError(
+            f"no {hours:g}-hour window of the {split} split holds {n} jobs: ask for fewer --jobs"
+        )
+    start = starts[seed % len(starts)]
+    end = bisect.bisect_left([j.submit_s for j in jobs], jobs[start].submit_s + hours * 3600.0)
+    b = SPLITS[split][1]
+    t_first, t_last = jobs[0].submit_s, jobs[-1].submit_s
+    if b < 1.0:  # the last window of a split stops at its boundary
+        boundary = t_first + b * (t_last - t_first)
+        end = min(end, bisect.bisect_left([j.submit_s for j in jobs], boundary))
+    rng = random.Random(seed)
+    picked = sorted(rng.sample(range(start, end), n))
+    window = [jobs[k] for k in picked]
+    t0 = window[0].submit_s
+    return [TraceJob(x.submit_s - t0, x.duration_s, x.gpus, x.gpu_time_s) for x in window]
+
+
+def window_id(jobs: list[TraceJob], n: int, seed: int, split: str, hours: float = WINDOW_HOURS) -> int:
+    """Which window of ``split`` seed ``seed`` draws (its index in the split's tiling order of time)."""
+    starts = split_windows(jobs, split, n, hours)
+    return sorted(starts).index(starts[seed % len(starts)]) if starts else -1

@@ -56,7 +56,9 @@ def test_json_has_the_documented_keys_for_every_policy() -> None:
     assert run["cluster"].endswith("lab.toml")
     assert doc["limit"]["avg_jct_s"] > 0
     assert doc["limit"]["p99_jct_s"] > 0
-    assert set(doc["policies"]) == {"frenzy", "sia", "gavel", "fifo"}
+    assert set(doc["policies"]) == {"frenzy", "sia", "gavel", "fifo", "tiresias", "srtf"}
+    assert run["split"] == "tune"
+    assert "jobs" not in doc
     for name, p in doc["policies"].items():
         assert set(p) == POLICY_KEYS, name
         assert set(p["decision_ms"]) == {"median", "p95", "max"}
@@ -65,6 +67,35 @@ def test_json_has_the_documented_keys_for_every_policy() -> None:
         if p["jobs_completed"]:
             assert p["avg_jct_s"] >= doc["limit"]["avg_jct_s"] * 0.5  # averages over different job sets
     assert doc["policies"]["sia"]["solver_timeouts"] >= 0
+
+
+def test_per_job_lists_every_job_of_every_policy() -> None:
+    out = _cli("--jobs", "12", "--policy", "frenzy", "--policy", "srtf", "--per-job", "--json",
+               "--split", "validation")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["run"]["split"] == "validation"
+    assert set(doc["jobs"]) == {"frenzy", "srtf"}
+    for name, rows in doc["jobs"].items():
+        assert len(rows) == doc["run"]["jobs"], name
+        assert len({r["id"] for r in rows}) == len(rows)
+        for r in rows:
+            assert set(r) >= {"id", "arrival_s", "start_s", "finish_s", "jct_s", "restarts", "gpu_types"}
+            if r["state"] == "completed":
+                assert r["jct_s"] == pytest.approx(r["finish_s"] - r["arrival_s"])
+                assert r["start_s"] >= r["arrival_s"]
+                assert r["gpu_types"]
+        done = [r["jct_s"] for r in rows if r["state"] == "completed"]
+        assert sum(done) / len(done) == pytest.approx(doc["policies"][name]["avg_jct_s"])
+    table = _cli("--jobs", "12", "--policy", "srtf", "--per-job")
+    assert table.returncode == 0, table.stderr
+    assert "GPU types" in table.stdout
+
+
+def test_the_test_split_is_not_offered() -> None:
+    out = _cli("--split", "test")
+    assert out.returncode != 0
+    assert "invalid choice" in out.stderr
 
 
 def test_table_output_and_alibaba_cluster() -> None:

@@ -11,6 +11,7 @@ from simcase import make_cluster, make_jobs
 from frenzyd.has.interface import Decision, Placement, Snapshot
 from frenzyd.sim.preemption import (
     CHECKFREQ_OVERHEAD,
+    DEFAULT,
     FREE,
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -28,13 +29,17 @@ def test_interval_follows_checkfreq_and_is_clamped() -> None:
     assert PreemptionModel(interval_s=100.0).checkpoint_interval_s(10**11) == 100.0
 
 
-def test_stop_cost_is_the_progress_since_the_last_checkpoint_plus_the_write() -> None:
-    m = PreemptionModel(interval_s=100.0)
-    lost, write = m.stop_cost(10**9, 250.0)
-    assert lost == pytest.approx(50.0)
-    assert write == pytest.approx(12.0)
-    assert m.stop_cost(10**9, -5.0) == (0.0, pytest.approx(12.0))  # stopped while restarting: no progress
-    assert FREE.stop_cost(10**9, 250.0) == (0.0, 0.0)
+def test_a_saved_stop_loses_the_step_in_flight_and_pays_the_write() -> None:
+    lost, write = DEFAULT.stop_cost(10**9, 250.0, 7.0)
+    assert lost == pytest.approx(250.0 % 7.0)
+    assert write == pytest.approx(12.0)  # 12 bytes per parameter at 1 GB/s
+    assert DEFAULT.stop_cost(10**9, -5.0, 7.0) == (0.0, pytest.approx(12.0))  # still restarting: no progress
+    assert FREE.stop_cost(10**9, 250.0, 7.0) == (0.0, 0.0)
+
+
+def test_an_unsaved_stop_loses_the_progress_since_the_last_periodic_checkpoint() -> None:
+    m = PreemptionModel(save_on_stop=False, interval_s=100.0)
+    assert m.stop_cost(10**9, 250.0, 7.0) == (pytest.approx(50.0), 0.0)
 
 
 def test_bad_parameters_are_refused() -> None:
@@ -69,7 +74,7 @@ class _StopOnce:
         return Decision()
 
 
-@pytest.mark.parametrize("model", [FREE, PreemptionModel(interval_s=100.0)])
+@pytest.mark.parametrize("model", [FREE, DEFAULT, PreemptionModel(save_on_stop=False, interval_s=100.0)])
 def test_the_simulator_charges_a_stop_its_write_and_lost_progress(model: PreemptionModel) -> None:
     rng = random.Random(3)
     cluster = make_cluster(rng, peers=1, max_per_peer=1)
@@ -83,7 +88,7 @@ def test_the_simulator_charges_a_stop_its_write_and_lost_progress(model: Preempt
     r = simulate(_StopOnce(stop_at), [job], cluster, seed=0, clock=time.perf_counter, preemption=model)
     (o,) = r.outcomes
     stopped_after = 10.0 * -(-stop_at // 10.0)  # the first round tick (every 10 s from the arrival) past it
-    lost, write = model.stop_cost(job.speed.params, stopped_after - restart)
+    lost, write = model.stop_cost(job.speed.params, stopped_after - restart, step)
     assert o.state == "completed"
     assert o.restarts == 1
     assert o.end_s - o.arrival_s == pytest.approx(alone + restart + write + lost)
