@@ -96,6 +96,7 @@ class SubmitterRole:
         self._resend_at: dict[str, float] = {}
         self._cancelling: set[str] = set()
         self._results_buf: dict[str, bytearray] = {}
+        self._placing_seen: dict[tuple[str, int], float] = {}  # attempt in flight -> last sign of it
 
     async def submit(self, request: Mapping[str, Any]) -> JobRecord:
         """Pack ``request['workdir']``, persist a queued job and hand it to the coordinator.
@@ -216,6 +217,8 @@ class SubmitterRole:
             rec = stored
             if rec.terminal:
                 continue
+            if rec.phase == "placing":
+                self._placing_may_run(v, rec, now)  # remember the last peer report that holds it
             if rec.state == "running":
                 lost = self._lost_peers(v, rec, now)
                 if lost:
@@ -254,6 +257,28 @@ class SubmitterRole:
         v = self.ctx.view()
         return all(self._peer_exited(rec, p) or self._peer_has_job(v, p, rec) for p in rec.peers())
 
+    def _placing_may_run(self, v: ClusterView, rec: JobRecord, now: float) -> str | None:
+        """Why attempt ``a`` of a record still placing it may have ranks running (None: it cannot).
+
+        A coordinator that dies between launching ``a`` and telling this node leaves the record
+        placing while the ranks run (their lease renewed, since this node confirms a placing
+        attempt) until their exit report, which carries the placement, arrives.  A new attempt must
+        wait until no peer lists ``a``'s lease or undelivered exit and ``lease_timeout_s + 2 x
+        heartbeat_s`` have passed since one did (or since ``a`` was numbered, or this daemon
+        started): by then any rank of ``a`` on a silent peer has been killed by its supervisor.
+        """
+        if rec.phase != "placing" or rec.attempt < 1:
+            return None
+        key = (rec.id, rec.attempt)
+        holders = [p for p in v.peers if self._peer_has_job(v, p, rec)]
+        if holders:
+            self._placing_seen[key] = now
+            return f"attempt {rec.attempt} is still held on peer {holders[0][:12]}"
+        since = max(self._born, self._placing_seen.get(key, float("-inf")))
+        if now - since < self.ctx.lease_timeout_s + 2 * self.ctx.heartbeat_s:
+            return f"attempt {rec.attempt} may still run on a silent peer until its lease runs out"
+        return None
+
     @staticmethod
     def _peer_exited(rec: JobRecord, peer: str) -> bool:
         return all(r.rank in rec.exit_codes for r in rec.ranks if r.peer == peer)
@@ -271,8 +296,14 @@ class SubmitterRole:
         rec = self.store.get(msg.job_id)
         if rec.terminal or rec.state == "running":
             return AttemptAck(0, rec.state)
-        rec = step(rec, BeginAttempt(), now=self.ctx.clock())
+        now = self.ctx.clock()
+        held = self._placing_may_run(v, rec, now)
+        if held is not None:  # the coordinator tries again later; the attempt's exit may settle it
+            log.debug("job %s: no new attempt yet: %s", rec.id, held)
+            return AttemptAck(0, rec.state)
+        rec = step(rec, BeginAttempt(), now=now)
         await asyncio.to_thread(self.store.save, rec)
+        self._placing_seen[(rec.id, rec.attempt)] = now
         return AttemptAck(rec.attempt, rec.state)
 
     def _apply_placement(self, rec: JobRecord, theirs: JobRecord) -> JobRecord:

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from frenzyd.errors import LaunchError
+from frenzyd.errors import DaemonUnreachable, LaunchError
+from frenzyd.jobs.messages import JobState
 from frenzyd.node.launcher import Launcher
 
 from .orch_harness import LEASE_S, Pool, eventually, job_dir, pool, request, wait_state
@@ -300,4 +301,44 @@ async def test_a_coordinator_cut_off_from_the_rank_host_cannot_start_a_second_co
     done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=120)
     assert done["state"] == "succeeded", done
     assert done["attempt"] == 1
+    assert {e["attempt"] for e in entries(ledger)} == {1}
+
+
+async def test_a_coordinator_that_dies_between_launch_and_telling_the_submitter_starts_no_second_copy(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Found by scripts/bench_chaos.py: the coordinator launches attempt 1 and dies before the
+    submitter hears of it, so the record stays "placing" while the ranks run (their lease renewed,
+    since the submitter confirms a placing attempt).  The next coordinator must not get attempt 2
+    while attempt 1 is held on a peer: attempt 1 finishes, its exit report (which carries the
+    placement) settles the job, and no two attempts ever overlap."""
+    router = pool.sender
+
+    def sender(src: str) -> Any:
+        send = router(src)
+
+        async def lose_placement_news(dst: str, out: Any, limit: float) -> dict[str, Any]:
+            if src == "a" and dst == "c" and isinstance(out, JobState) and out.record.state == "running":
+                raise DaemonUnreachable("the coordinator died before the submitter heard of the placement")
+            return dict(await send(dst, out, limit))
+
+        return lose_placement_news
+
+    pool.sender = sender  # type: ignore[method-assign]
+    pool.add("a", 0)
+    pool.add("b", 1)
+    pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(2 * LEASE_S))
+    rec = await c.orch.submit(request(d, nproc=1))
+    await eventually(lambda: any(e["attempt"] == 1 for e in entries(ledger)), limit=60)
+    assert c.orch.store.get(rec.id).phase == "placing"
+    await pool.kill("a")
+    pool.nodes.pop("a")  # it stays dead
+    pool.coordinator, pool.term = "d", 2
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=120)
+    assert done["state"] == "succeeded", done
+    assert overlapping_attempts(ledger) == []
     assert {e["attempt"] for e in entries(ledger)} == {1}
