@@ -418,6 +418,8 @@ class JobRecord:
             "attempts": self.attempt,
             "term": self.term,
             "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
             "updated_at": self.updated_at,
             "message": self.message,
         }
