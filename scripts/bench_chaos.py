@@ -492,8 +492,11 @@ class Chaos:
         out = cli("run", "--daemon", self.daemons[name].address, "--detach", "--json", "--nproc",
                   str(job.nproc), "--mem-per-rank", "1GiB", "--", str(self.jobdir / "chaos_rank.py"),
                   str(job.steps), str(job.dt), str(self.ledger), str(self.hosts_file), timeout=60)
-        data = json.loads(out)
-        return str(data.get("job", data)["id"])
+        data = json.loads(out)  # {"job": ID, "id": ID, ...} (older clients: the summary, or {"job": summary})
+        if isinstance(data.get("id"), str):
+            return str(data["id"])
+        job = data.get("job")
+        return str(job["id"] if isinstance(job, dict) else job)
 
     # --- faults
     def find_victim(self, f: Fault, waited: float) -> tuple[str, str] | None:
