@@ -56,7 +56,10 @@ def register(sub: Any) -> None:
                     "a GPU, a parallel degree or a micro-batch); the trained model comes back in "
                     "./frenzy-results/JOB/model/. Or submit SCRIPT (run with torchrun's environment "
                     "contract on the peers Frenzy picks; its directory is shipped): --model (+ --seq-len "
-                    "...) lets MARP size it, or --nproc and --mem-per-rank say what it needs.",
+                    "...) lets MARP size it, or --nproc and --mem-per-rank say what it needs. "
+                    "With --json, stdout is JSON Lines: 'state', 'step' (rank 0's progress), 'output' and "
+                    "one 'final' last (also in ./frenzy-results/JOB/summary.json for a trainer job). "
+                    "Exit 0 succeeded, 1 failed, 2 refused before submission, 3 cancelled.",
     )
     _common(p)
     p.add_argument("--model", help="HF config.json path or MARP preset (e.g. tiny-llama, gpt2, llama-3-8b)")
@@ -302,6 +305,10 @@ async def _follow(c: DaemonClient, job_id: str, args: argparse.Namespace, result
         if final.get("results_dir"):
             msg += f"; {final['results_files']} result file(s) in {final['results_dir']}"
         r._note(msg)
+        trainer = bool(((reply.get("record") or {}).get("spec") or {}).get("trainer"))
+        if trainer and final["state"] == "succeeded" and final.get("model_dir") is None:
+            r._note("no trained model came back: rank 0's files may exceed the submitter's [launcher] "
+                    "max_result_bytes (see its log); raise it and rerun")
         if final.get("loss_last") is not None:
             r._note(f"loss {final['loss_first']:.4f} -> {final['loss_last']:.4f} over {final['steps_done']} "
                     f"step(s); model in {final.get('model_dir')}")

@@ -237,6 +237,12 @@ def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None
 def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) -> Placement | None:
     plans_all = marp_plans(spec, offers, headroom=headroom, only_available=False)
     if not plans_all:
+        if spec.trainer:
+            raise InfeasibleError(
+                "MARP finds no plan the built-in trainer runs for this model and batch shape that fits "
+                "the matching peers' GPUs, even when idle: use a smaller --seq-len, --recompute full, "
+                "--dtype bf16, a global batch with more divisors, or add GPUs to the pool"
+            )
         raise InfeasibleError(
             "MARP finds no plan of this model and batch shape that fits the matching peers' GPUs, "
             "even when idle: use a smaller --micro-batch or --seq-len, --recompute full, or --zero 3"

@@ -371,3 +371,25 @@ def _results_file(data: bytes | None, name: str) -> str:
         f = tf.extractfile(name)
         assert f is not None
         return f.read().decode()
+
+
+def test_placement_of_a_trainer_job_uses_only_trainer_plans_and_says_what_to_change() -> None:
+    from frenzyd.errors import InfeasibleError
+    from frenzyd.jobs.placement import OfferedGpu, PeerOffer, marp_plans, place
+
+    gpus = tuple(OfferedGpu(f"G{i}", i, "T4", 16 << 30, 16 << 30, True, True) for i in range(4))
+    offers = [PeerOffer("a", "a", "127.0.0.1:1", "3.11.7", "2.13.0", gpus)]
+    spec = JobSpec(argv=(), payload_sha256="ab" * 32, payload_size=1, python_version="3.11.7",
+                   torch_version="2.13.0", model="tiny-llama", seq_len=16, global_batch=8, steps=3,
+                   dtype="fp32", trainer=True, data_name="corpus.txt")
+    model = load_model("tiny-llama")
+    plans = marp_plans(spec, offers, headroom=0.1, only_available=True)
+    assert plans
+    for p in plans:
+        assert p.micro_batch is not None
+        setup = TrainingSetup(seq_len=16, micro_batch=p.micro_batch, dtype="fp32", global_batch=8, dp=p.dp,
+                              tp=p.tp, pp=p.pp, zero=p.zero)
+        assert runs(setup, model), p
+    huge = JobSpec(**{**spec.to_dict(), "argv": (), "model": "llama-2-70b", "seq_len": 4096})
+    with pytest.raises(InfeasibleError, match="no plan the built-in trainer runs"):
+        place(huge, offers)
