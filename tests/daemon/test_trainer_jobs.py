@@ -393,3 +393,15 @@ def test_placement_of_a_trainer_job_uses_only_trainer_plans_and_says_what_to_cha
     huge = JobSpec(**{**spec.to_dict(), "argv": (), "model": "llama-2-70b", "seq_len": 4096})
     with pytest.raises(InfeasibleError, match="no plan the built-in trainer runs"):
         place(huge, offers)
+
+
+def test_script_jobs_get_the_model_in_their_plan_and_keep_their_command(tmp_path: Path) -> None:
+    spec = JobSpec(argv=("train.py", "--lr", "1"), payload_sha256="ab" * 32, payload_size=1,
+                   python_version="3.11.7", torch_version="2.13.0", model="gpt2", seq_len=128,
+                   global_batch=16).validate()
+    argv, env_ = rank_command(spec, {"dp": 2, "tp": 1, "pp": 1, "zero": 0}, tmp_path, tmp_path / "work", 7.0)
+    assert argv == ["train.py", "--lr", "1"]
+    plan = json.loads(env_["FRENZY_PLAN"])
+    assert plan == {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "model": "gpt2", "seq_len": 128, "global_batch": 16}
+    assert env_["FRENZY_STOP_GRACE_S"] == "7.0"
+    assert "FRENZY_CHECKPOINT_DIR" not in env_  # a script declares nothing checkpointable yet
