@@ -64,7 +64,9 @@ class PeerNetwork:
             creds,
             election,
             self.counters,
-            max_frame_bytes=max_frame_bytes or config.launcher.max_payload_bytes + FRAME_OVERHEAD,
+            # Payloads and results travel in 1 MiB chunks, so no peer frame needs more than the wire's
+            # default cap: an authenticated peer cannot make this node buffer a payload-sized body.
+            max_frame_bytes=max_frame_bytes or wire.DEFAULT_MAX + FRAME_OVERHEAD,
             fallback=on_message,
             clock=clock,
         )
