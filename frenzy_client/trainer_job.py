@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import ConfigError, FrenzyError
+from frenzyd.jobs.model import JobPlan, JobSpec
+from frenzyd.jobs.placement import predicted_rank_peaks
 
 TRAINER_OPTIONS = ("lr", "warmup", "checkpoint_every", "seed")
 """Flags that only a built-in trainer job (``--data``) takes; None on the command line = the trainer's
@@ -280,28 +282,13 @@ def final_summary(job: Mapping[str, Any], record: Mapping[str, Any] | None, prog
 
 def _predicted(spec: Mapping[str, Any], plan: Any) -> list[int] | None:
     """MARP's tensor peak of each rank of the plan, on the device the ranks ran on (None: not a
-    model job, or no plan)."""
+    model job, no plan, or a record this client cannot read)."""
     if not isinstance(plan, Mapping) or not (spec.get("model") or spec.get("model_config")):
         return None
     try:
-        from frenzyd.marp.analytic import predict
-        from frenzyd.marp.model import load_model, spec_from_config
-        from frenzyd.marp.spec import TrainingSetup
-
-        model = (spec_from_config(spec["model_config"], name=str(spec.get("name") or "model"))
-                 if spec.get("model_config") else load_model(str(spec["model"])))
-        setup = TrainingSetup(
-            seq_len=int(spec["seq_len"]),
-            micro_batch=int(plan.get("micro_batch") or spec.get("micro_batch") or 1),
-            dtype=spec.get("dtype", "bf16-mixed"), global_batch=spec.get("global_batch"),
-            optimizer=spec.get("optimizer", "adamw"), recompute=spec.get("recompute", "none"),
-            zero=int(plan.get("zero") or 0), dp=int(plan["dp"]), tp=int(plan["tp"]), pp=int(plan["pp"]),
-        )
-        device = "cpu" if plan.get("backend") == "gloo" else "cuda"
-        pred = predict(model, setup, device=device, per_rank=True)  # type: ignore[arg-type]
-    except (FrenzyError, KeyError, TypeError, ValueError):
+        return predicted_rank_peaks(JobSpec.from_dict(spec), JobPlan.from_dict(plan))
+    except FrenzyError:
         return None
-    return list(pred.rank_peaks) if pred.rank_peaks else [pred.peak_bytes]
 
 
 def settle_results(dest: Path) -> None:

@@ -268,18 +268,10 @@ def marp_plans(
 ) -> list[JobPlan]:
     """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types; for a
     built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``)."""
-    from frenzyd.errors import ModelConfigError
-    from frenzyd.marp.model import list_presets, load_model, spec_from_config
     from frenzyd.marp.plans import feasible_plans
     from frenzyd.marp.spec import GpuPool, TrainingSetup
 
-    if spec.model_config is not None:
-        model = spec_from_config(spec.model_config, name=spec.name or "model")
-    elif spec.model in list_presets():
-        model = load_model(str(spec.model))
-    else:  # never read a path a peer names: a submitter sends the config itself
-        raise ModelConfigError(f"unknown model preset {spec.model!r}: use one of {', '.join(list_presets())} "
-                               "or pass the path of a config.json to --model")
+    model = job_model(spec)
     assert spec.seq_len is not None
     setup = TrainingSetup(
         seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
@@ -512,3 +504,39 @@ def schedule(
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
     return Schedule(tuple(start), tuple(infeasible), "frenzy")
+
+
+def job_model(spec: JobSpec) -> Any:
+    """MARP's ``ModelSpec`` of a job: its config, or a shipped preset.  A path is never read on a
+    peer's behalf (a submitter sends the config itself); ``ModelConfigError`` otherwise."""
+    from frenzyd.errors import ModelConfigError
+    from frenzyd.marp.model import list_presets, load_model, spec_from_config
+
+    if spec.model_config is not None:
+        return spec_from_config(spec.model_config, name=spec.name or "model")
+    if spec.model in list_presets():
+        return load_model(str(spec.model))
+    raise ModelConfigError(f"unknown model preset {spec.model!r}: use one of {', '.join(list_presets())} "
+                           "or pass the path of a config.json to --model")
+
+
+def predicted_rank_peaks(spec: JobSpec, plan: JobPlan) -> list[int] | None:
+    """MARP's tensor peak of each rank of ``plan``, on the kernels of the device the ranks ran on
+    (gloo ranks: cpu; nccl: cuda).  None for a job without a model or a plan MARP cannot score."""
+    from frenzyd.marp.analytic import predict
+    from frenzyd.marp.spec import TrainingSetup
+
+    if (spec.model is None and spec.model_config is None) or spec.seq_len is None:
+        return None
+    try:
+        setup = TrainingSetup(
+            seq_len=spec.seq_len, micro_batch=plan.micro_batch or spec.micro_batch or 1,
+            dtype=spec.dtype, global_batch=spec.global_batch,  # type: ignore[arg-type]
+            optimizer=spec.optimizer, recompute=spec.recompute,  # type: ignore[arg-type]
+            zero=plan.zero, dp=plan.dp, tp=plan.tp, pp=plan.pp,
+        )
+        pred = predict(job_model(spec), setup, device="cpu" if plan.backend == "gloo" else "cuda",
+                       per_rank=True)
+    except (FrenzyError, TypeError, ValueError):
+        return None
+    return list(pred.rank_peaks) if pred.rank_peaks else [pred.peak_bytes]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
+import os
 import secrets
+import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -55,11 +58,63 @@ from frenzyd.jobs.model import (
     JobSpec,
     new_record,
 )
-from frenzyd.jobs.placement import SeenInventory, offers_from_reports, place
+from frenzyd.jobs.placement import SeenInventory, job_model, offers_from_reports, place, predicted_rank_peaks
 from frenzyd.jobs.store import JobStore, atomic_write
+from frenzyd.marp.calibration import (
+    Calibration,
+    CalibrationError,
+    MeasuredRun,
+    dump_calibration,
+    fold_run,
+    load_calibration,
+)
 
 log = logging.getLogger(__name__)
 
+RESULT_SUMMARY_CAP = 4 << 20
+"""Largest ``summary.json`` read out of a job's results (the trainer's is a few KiB)."""
+
+
+def trainer_summary(results: bytes) -> dict[str, Any] | None:
+    """Rank 0's ``summary.json`` out of a job's results archive (a gzip'd tar), or None."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(results), mode="r:gz") as tar:
+            member = tar.getmember("summary.json")
+            if not member.isfile() or member.size > RESULT_SUMMARY_CAP:
+                return None
+            f = tar.extractfile(member)
+            doc = json.loads(f.read()) if f is not None else None
+    except (KeyError, OSError, EOFError, tarfile.TarError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def fold_trainer_run(cal: Calibration, rec: JobRecord, results: bytes) -> Calibration:
+    """``cal`` with a finished trainer job's run folded in (``cal`` itself when the results carry
+    no usable measurement: no summary, a rank count that does not match the plan, ...)."""
+    summary = trainer_summary(results)
+    plan = rec.plan
+    if summary is None or plan is None:
+        return cal
+    measured = summary.get("measured_peak_bytes")
+    predicted = predicted_rank_peaks(rec.spec, plan)
+    if not isinstance(measured, list) or not predicted or len(measured) != len(predicted):
+        log.info("job %s: no per-rank measurement to calibrate MARP with", rec.id)
+        return cal
+    try:
+        run = MeasuredRun(
+            gpu_type=plan.gpu_type, family=job_model(rec.spec).family, torch_version=rec.spec.torch_version,
+            device="cpu" if plan.backend == "gloo" else "cuda", predicted_peak_bytes=predicted,
+            measured_peak_bytes=[int(m) for m in measured], job=rec.id,
+        )
+        return fold_run(cal, run)
+    except (FrenzyError, TypeError, ValueError) as exc:
+        log.info("job %s: its measurement does not calibrate MARP: %s", rec.id, exc)
+        return cal
+
+CALIBRATION_FILE = "marp-calibration.json"
+"""This node's trainer jobs' measured peaks against MARP's predictions (``frenzyd.marp.calibration``
+format; ``frenzy-client predict --calibration FILE`` reads it)."""
 SEEN_FILE = "seen-gpus.json"
 """The most GPUs of each kind seen in the pool at once (``SeenInventory``), in the data directory."""
 UNPLACEABLE_CHECK_S = 30.0
@@ -89,6 +144,8 @@ class SubmitterRole:
         self._fit_checked: dict[str, float] = {}
         self._seen_path = store.root.parent / SEEN_FILE
         self.seen = self._load_seen()
+        self._calibration_path = store.root.parent / CALIBRATION_FILE
+        self.calibration = self._load_calibration()
         self._pack_dir = pack_dir
         self.versions = versions
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
@@ -155,6 +212,18 @@ class SubmitterRole:
             log.warning("ignoring unreadable %s (%s): the pool's GPUs are learned again",
                         self._seen_path, exc)
             return SeenInventory()
+
+    def _load_calibration(self) -> Calibration:
+        if not self._calibration_path.exists():
+            return Calibration()
+        try:
+            return load_calibration(self._calibration_path)
+        except CalibrationError as exc:
+            aside = self._calibration_path.with_name(self._calibration_path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                os.replace(self._calibration_path, aside)
+            log.warning("%s; moved it to %s and started a new one", exc, aside)
+            return Calibration()
 
     def _observe_pool(self, v: ClusterView) -> None:
         if self.seen.observe(offers_from_reports(v.peers)):
@@ -380,9 +449,25 @@ class SubmitterRole:
                 raise LaunchError("results arrived out of order")
         buf.extend(data)
         if len(buf) >= total:
-            await asyncio.to_thread(self.store.write_results, job_id, bytes(buf))
+            results = bytes(buf)
+            await asyncio.to_thread(self.store.write_results, job_id, results)
             del self._results_buf[job_id]
+            rec = self.store.get(job_id)
+            if rec.spec.trainer and rec.plan is not None:
+                self.ctx.spawn(self._calibrate(rec, results), f"calibrate {job_id}")
         return Ack()
+
+    async def _calibrate(self, rec: JobRecord, results: bytes) -> None:
+        """Fold a trainer job's measured per-rank peaks into this node's MARP calibration file."""
+        cal = await asyncio.to_thread(fold_trainer_run, self.calibration, rec, results)
+        if cal is self.calibration:
+            return
+        try:
+            await asyncio.to_thread(atomic_write, self._calibration_path, dump_calibration(cal).encode())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self._calibration_path, exc)
+            return
+        self.calibration = cal
 
     def on_exit(self, peer: str, msg: JobExit) -> None:
         """A peer's ranks of one of our jobs exited: requeue (vacated) or record the exit codes."""

@@ -17,6 +17,7 @@ from frenzyd.errors import WireError
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.rank_host import rank_command
 from frenzyd.marp.combos import runs
+from frenzyd.marp.calibration import load_calibration
 from frenzyd.marp.model import load_model, spec_from_config
 from frenzyd.marp.plans import feasible_plans
 from frenzyd.marp.spec import GpuPool, TrainingSetup
@@ -105,6 +106,11 @@ async def test_run_with_no_script_trains_on_a_marp_plan_and_returns_the_model(en
     ckpts = sorted((env.tmp / "a" / "runs" / job / "a1" / "checkpoints").glob("step-*"))
     assert ckpts
     assert ckpts[-1].name == "step-00000010"
+    # The submitter folded the measured per-rank peaks into its MARP calibration file (issue 19);
+    # a CPU run is kept but never corrects a GPU type.
+    cal = load_calibration(env.tmp / "a" / "marp-calibration.json")
+    corr = cal.correction("T4", "llama", "2.13.0")
+    assert (corr.applies, corr.runs, corr.cpu_runs_ignored) == (False, 0, 1)
 
     # wait and results on the finished job give the same final summary.
     rc, out, err = await env.cli("wait", job, "--json", cwd=work)
