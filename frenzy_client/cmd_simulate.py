@@ -23,7 +23,7 @@ from frenzyd.sim.mapping import MAPPINGS, map_jobs
 from frenzyd.sim.run import run_policies
 from frenzyd.sim.trace import parse_philly_csv, split_window
 
-DEFAULT_POLICIES = ("frenzy", "sia", "gavel", "fifo", "tiresias", "srtf")
+DEFAULT_POLICIES = ("frenzy", "sia", "gavel", "fifo", "tiresias", "srtf", "srtf-wide")
 OPEN_SPLITS = ("tune", "validation")
 """Trace splits ``simulate`` draws from; the test split is for ``scripts/bench_sched.py --final`` only."""
 
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
         "--policy",
         action="append",
         metavar="NAME_OR_MODULE:ATTR",
-        help=f"policy to run (repeatable): {', '.join(BUILTIN)} or module:attr (default: all six)",
+        help=f"policy to run (repeatable): {', '.join(BUILTIN)} or module:attr (default: all seven)",
     )
     p.add_argument("--jobs", type=int, default=200, help="jobs sampled from a busy window (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the window, the mapping and the policies")

@@ -860,26 +860,33 @@ def append_final(result: dict[str, Any], prov: dict[str, Any]) -> None:
     FINAL_LOG.parent.mkdir(parents=True, exist_ok=True)
     with FINAL_LOG.open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
+    write_final_md(result)
+
+
+def write_final_md(latest: dict[str, Any]) -> None:
+    """``bench-results/sched_final.md``: one line per logged --final run, then the latest run's tables."""
     runs = [json.loads(line) for line in FINAL_LOG.read_text().splitlines() if line.strip()]
     lines = [
         "# Every `bench_sched.py --final` run (test split), misses included",
         "",
-        "| # | commit | has/ sha256 | cells >= 18 % | worse than ref | ref geomean gain | sia/frenzy p95 |",
-        "|---:|---|---|---:|---:|---:|---:|",
+        "| # | when | commit | has/ sha256 | cells >= 18 % | worse than ref | ref geomean gain "
+        "| sia/frenzy p95 |",
+        "|---:|---|---|---|---:|---:|---:|---:|",
     ]
     for i, run in enumerate(runs, 1):
         t = run.get("targets") or {}
         st = run.get("snapshot_timing") or {}
         lines.append(
-            f"| {i} | {run['provenance'].get('commit', '?')} | {run['has_source_sha256'][:12]} "
+            f"| {i} | {run['provenance'].get('time', '?')} | {run['provenance'].get('git_commit', '?')} "
+            f"| {run['has_source_sha256'][:12]} "
             f"| {t.get('cells_meeting_18pct', '–')}/{t.get('cells', '–')} "
             f"| {t.get('cells_worse_than_reference', '–')} "
             f"| {_pct(t.get('reference_geomean_gain', float('nan')))} "
             f"| {st.get('sia_over_frenzy_p95', float('nan')):.0f}x |"
         )
-    lines += ["", "## Latest run", "", markdown(result)]
+    lines += ["", "## Latest run", "", markdown(latest)]
     FINAL_MD.write_text("\n".join(lines) + "\n")
-    log(f"appended to {FINAL_LOG} and wrote {FINAL_MD}")
+    log(f"wrote {FINAL_MD} from {FINAL_LOG} ({len(runs)} runs)")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def test_json_has_the_documented_keys_for_every_policy() -> None:
     assert run["cluster"].endswith("lab.toml")
     assert doc["limit"]["avg_jct_s"] > 0
     assert doc["limit"]["p99_jct_s"] > 0
-    assert set(doc["policies"]) == {"frenzy", "sia", "gavel", "fifo", "tiresias", "srtf"}
+    assert set(doc["policies"]) == {"frenzy", "sia", "gavel", "fifo", "tiresias", "srtf", "srtf-wide"}
     assert run["split"] == "tune"
     assert "jobs" not in doc
     for name, p in doc["policies"].items():
