@@ -1,97 +1,14 @@
 """Frenzy's heterogeneity-aware scheduler (HAS): memory-aware, speed- and work-aware greedy placement.
 
-Algorithm, per scheduling round (an arrival, a completion, a failure):
-
-1. **Order** the queue by aged shortest-remaining-time: ``key = R − a·W``
-   with ``R`` the job's remaining steps times its fastest plan's step time,
-   ``W`` its time in the queue and ``a`` = :data:`AGING` (a job that waits
-   long enough comes first: no starvation by ordering).
-2. **Choose a plan** for each job in that order from MARP's feasible plans
-   only (so nothing is placed that does not fit in memory).  A plan costs
-   ``step_time × gpus^γ``: a doubling of the GPU count must buy a speed-up
-   of at least ``2^γ`` (:data:`GAMMA` = 0.678: 1.6x, efficiency 80 %;
-   :data:`GAMMA_ALONE` when no other job waits), so a job never spreads thin
-   while others queue.  For every GPU type with enough GPUs free, the type's
-   cheapest plan where it would really run is found in one linear pass over
-   the type's plans (the packed cost, one peer, bounds the real one from
-   below, so the speed model re-costs a plan across the peers it would span
-   only when it could still win; the peer count comes from the type's peers
-   kept fullest first); among the types within :data:`MEMORY_SLACK` of the
-   best cost the **smallest-memory** one wins, so large-memory GPUs stay
-   free for jobs only they can hold.
-3. **Pack**: the GPUs come from one peer when one peer has them (best fit:
-   the peer with the fewest free GPUs that suffices), else from the fullest
-   peers, tensor-parallel groups never across peers.
-4. **Grow when idle**: GPUs still idle after the queue pass, of types no
-   waiting job can use, let a running job (the :data:`GROW_TRIES` with most
-   work left, by the step time the pool reports for it) move to a bigger or faster
-   plan if that ends it at least :data:`GROW_MIN_GAIN` sooner, its restart
-   cost included.
-5. **Shrink for short jobs**: a queued job that finds no free GPUs may take
-   GPUs from one running job of the same type that has far more work left
-   (:data:`SHRINK_RATIO`), which keeps running on a smaller MARP plan over a
-   subset of its own GPUs, or, when no smaller plan frees enough, is stopped
-   and requeued with its progress (shortest-remaining-time preemption; elastic
-   like Sia's rescaling, but event-driven and only for the first
-   :data:`SHRINK_TRIES` blocked jobs of a round, each over its cheapest plan
-   of every GPU type, cheapest first: the globally cheapest plans are usually
-   all of one fast type, and the much longer jobs that could give way often
-   hold another).
-6. **Yield in quiet windows**: a job that could start on free GPUs takes
-   GPUs of another type from a donor as in 5 instead, when its time on the
-   free GPUs ``t_free`` exceeds ``2·t_there + the donor's restart``: stopping
-   the donor delays it by about the newcomer's time there plus its restart,
-   and the newcomer gains ``t_free − t_there`` (an exchange argument on the
-   sum of completion times; no tuned constant).  This is what keeps a short
-   job off slow GPUs while a far longer job holds the fast ones.  The
-   attempts share the :data:`SHRINK_TRIES` budget.
-7. **Against starvation**: when the head job has waited longer than
-   :data:`STARVATION_S` and still cannot start, take the GPU type of its
-   cheapest plan that the cluster can hold.  If a job running there could
-   move to free GPUs of another type and end there in ``restart + m' < 2·m``
-   (``m`` its time left where it runs: about how long the head job would
-   otherwise wait for it; an exchange argument on the two completion times,
-   no tuned constant), the one that gains most moves and the head job starts
-   in its place.  Else the type is reserved for the head job: no later job
-   takes GPUs of that type in this round, so it starts as soon as enough of
-   them free up.
-8. **Upgrade onto freed fast GPUs** (before the queue pass): a running job
-   on a slow type moves to free GPUs of a faster type when
-   ``2·(m' + restart) < m`` (``m`` its time left where it runs, ``m'`` on
-   the new plan: the waiting job that would have taken those GPUs is
-   delayed by about ``m' + restart``, the mover gains ``m − m' − restart``;
-   the yield rule's exchange argument from the running job's side) and
-   ``m'`` is below every waiting job's time on that type (shortest
-   remaining time first; aged as the queue order).  Its old GPUs serve the
-   queue pass.  For the :data:`UPGRADE_TRIES` such jobs with most time left.
-
-Invariants: only MARP-feasible plans; no GPU given twice (a placement removes
-its GPUs from the free index); tp inside one peer; deterministic (sorting
-keys end with the job id; no randomness used); a running job is only
-re-placed or stopped for a job with at most 1/:data:`SHRINK_RATIO` of its
-remaining time (or, grown past its preferred size, gives the extra GPUs
-back, or moves to free GPUs of another type for a starving job, or onto
-free GPUs of a faster type ahead of longer waiting jobs, when that lowers
-the sum of the completion times), and only after :data:`SHRINK_MIN_RUN_S`
-since its last start.
-Cost per round: O(Q log Q + Q·K + G + R log R + P log P) for Q queued jobs, K
-plans per job, G free GPUs, R running jobs and P peers: one pass over the
-running jobs (their time left; shrink donors bucketed by type and GPU
-count, a type's buckets sorted only when a shrink looks at it, merged
-lazily so a blocked job visits only donors big enough); per plan set
-(shared by every job of one model, sequence and batch) the fastest step
-and the plans grouped by type, computed once and kept on the policy
-object; a plan set that found no type with enough free GPUs is not scanned
-again in the round (free GPUs only go in the queue pass, until a shrink
-hands some back); each type's peers sorted fullest first once per round and
-kept sorted by bisection as GPUs are taken (best fit and fullest first read
-it, a placement replaces only the lists of the peers it takes from);
-at most :data:`SHRINK_TRIES` shrink attempts, one starvation move (over one
-type's running jobs), :data:`UPGRADE_TRIES` upgrade candidates (the running
-jobs on types slower than the fastest free one, in a heap; each type's scan
-of the queue for a shorter waiting job stops at the first key past the
-mover's time and resumes there) and :data:`GROW_TRIES` growth candidates; no
-solver.
+Per scheduling round, an ordered chain of rules over MARP's feasible plans:
+order the queue (aged shortest remaining time) → upgrade running jobs onto
+freed faster GPUs → place each job (cheapest plan, smallest-memory type
+within slack, best-fit packing), or let it yield / shrink a much longer
+donor → against starvation, move a holder or reserve the head job's type →
+grow running jobs onto GPUs no waiting job can use.  The rules, the
+exchange arguments behind their thresholds, what each was tuned on, the
+invariants and the cost per round are in ``frenzyd/has/README.md``
+("Frenzy's HAS"); the constants below name their roles.
 """
 
 from __future__ import annotations
