@@ -229,6 +229,7 @@ class Launcher:
         self._ranks: dict[str, list[RankHandle]] = {}
         self._stores: dict[str, asyncio.subprocess.Process] = {}
         self._supervisors: dict[str, asyncio.subprocess.Process] = {}
+        self._expired: set[str] = set()  # attempts whose supervisor killed the ranks for the lease
 
     # ---- lease supervisors (frenzyd.node.supervisor) ----------------------------------------
     async def _supervisor(self, run: str) -> asyncio.subprocess.Process:
@@ -258,11 +259,17 @@ class Launcher:
 
     async def unsupervise(self, job_id: str, attempt: int) -> bool:
         """The attempt's ranks are gone: end its supervisor.  True when it had killed them because
-        their lease ran out (the daemon could not renew it)."""
-        return await self._unsupervise(run_key(job_id, attempt))
+        their lease ran out (the daemon could not renew it), even when a ``cancel`` (the stop of
+        the other ranks after the first one died of the supervisor's SIGTERM) ended it first."""
+        run = run_key(job_id, attempt)
+        expired = await self._unsupervise(run)
+        if run in self._expired:
+            self._expired.discard(run)
+            return True
+        return expired
 
     async def _unsupervise(self, run: str) -> bool:
-        proc = self._supervisors.pop(run, None)
+        proc = self._supervisors.get(run)  # popped only once it has exited: a concurrent call waits too
         if proc is None:
             return False
         if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
@@ -276,7 +283,11 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        if self._supervisors.get(run) is proc:
+            del self._supervisors[run]
         (self.pid_dir / f"{run}.supervisor.pid").unlink(missing_ok=True)
+        if proc.returncode == supervisor.EXPIRED:
+            self._expired.add(run)
         return proc.returncode == supervisor.EXPIRED
 
     # ---- rendezvous store -------------------------------------------------------------------

@@ -463,3 +463,20 @@ def test_pack_unpack_property(tmp_path_factory: pytest.TempPathFactory, files: d
     dst = tmp_path_factory.mktemp("dst")
     got = unpack(data, digest, dst, 1 << 20)
     assert {str(p.relative_to(dst)): p.read_bytes() for p in got} == written
+
+
+async def test_a_lease_expiry_is_reported_even_when_stopping_the_other_ranks_ended_the_supervisor(
+    tmp_path: Path,
+) -> None:
+    """Found by scripts/bench_chaos.py: the supervisor's SIGTERM kills a rank first; the rank host
+    stops the attempt's other ranks (torchrun's semantics), which ends the supervisor too.  Asked
+    afterwards, the launcher must still say the lease expired, or the attempt is reported as the
+    job's own failure (``rank 0 exited -15``) instead of being requeued."""
+    launcher = Launcher(tmp_path / "data", term_grace_s=0.5, lease_s=1.5)
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(60)\n")
+    h = await launcher.launch(spec("j-exp", 0, 1, 1, tmp_path, ["sleep.py"]))
+    assert await asyncio.wait_for(h.wait(), 30) == -signal.SIGTERM  # never renewed: killed by the lease
+    await launcher.cancel("j-exp", 1)  # the rank host stops the others when a rank dies
+    assert await launcher.unsupervise("j-exp", 1)
+    assert not await launcher.unsupervise("j-exp", 1)  # told once
+    await launcher.close()
