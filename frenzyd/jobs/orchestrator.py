@@ -173,6 +173,7 @@ class Orchestrator:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             self.rank_host.start()
+            tg.create_task(self._renew_leases(stop), name="renew leases")
             try:
                 while not stop.is_set():
                     try:
@@ -192,6 +193,19 @@ class Orchestrator:
             finally:
                 await self._shutdown()
                 self._tg = None
+
+    async def _renew_leases(self, stop: asyncio.Event) -> None:
+        """Renew the leases of the ranks here every heartbeat, apart from the tick: a tick can wait
+        ``SEND_TIMEOUT_S`` on a frozen coordinator (a resubmission), longer than a lease, and the
+        supervisors would kill healthy ranks that their submitter still confirms."""
+        while not stop.is_set():
+            try:
+                self.rank_host.renew_leases(self._view())
+            except Exception:
+                log.exception("lease renewal failed; retrying next heartbeat")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ctx.heartbeat_s):
+                    await stop.wait()
 
     async def _shutdown(self, grace_s: float = 5.0) -> None:
         """Stop this node's ranks, let their watchers report them as vacated, cancel the rest."""

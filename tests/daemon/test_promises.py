@@ -342,3 +342,44 @@ async def test_a_coordinator_that_dies_between_launch_and_telling_the_submitter_
     assert done["state"] == "succeeded", done
     assert overlapping_attempts(ledger) == []
     assert {e["attempt"] for e in entries(ledger)} == {1}
+
+
+async def test_a_frozen_coordinator_does_not_stall_lease_renewals(pool: Pool, tmp_path: Path) -> None:
+    """Found by scripts/bench_chaos.py: the coordinator freezes (its connections stay up, nothing
+    answers); a rank host that resubmits its own queued job to it waits ``SEND_TIMEOUT_S`` (10 s)
+    per try, longer than the lease.  Its leases must still be renewed while the submitter confirms
+    the attempt: the running job finishes as attempt 1 instead of being killed by its supervisor."""
+    frozen: set[str] = set()
+    router = pool.sender
+
+    def sender(src: str) -> Any:
+        send = router(src)
+
+        async def maybe_hang(dst: str, out: Any, limit: float) -> dict[str, Any]:
+            if dst in frozen:  # a frozen peer: the connection is up and no answer comes
+                await asyncio.sleep(limit)
+                raise DaemonUnreachable(f"{dst} did not answer within {limit:.0f}s")
+            return dict(await send(dst, out, limit))
+
+        return maybe_hang
+
+    pool.sender = sender  # type: ignore[method-assign]
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(2 * LEASE_S))
+    rec = await c.orch.submit(request(d, nproc=1))
+    await wait_state(c, rec.id, {"running"})
+    await output_has(c, rec.id, "attempt 1")
+    frozen.add("a")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.py").write_text("print('queued behind the running job')\n")
+    queued = asyncio.create_task(b.orch.submit(request(other, nproc=1)))  # b resubmits it to "a"
+    done = await wait_state(c, rec.id, {"succeeded", "failed", "queued"}, limit=90)
+    assert done["state"] == "succeeded", done
+    assert {e["attempt"] for e in entries(ledger)} == {1}
+    assert any(e["event"] == "end" for e in entries(ledger))
+    await queued
