@@ -218,12 +218,13 @@ def unreportable(
     outages: Sequence[Outage],
 ) -> bool:
     """Whether a rank host of the successful attempt was silent (killed, frozen, or cut off from the
-    job's submitter) at some time between that attempt's end and the rerun's start: then no exit
-    report could reach the pool before the coordinator's silent-peer timeout re-placed the job."""
+    job's submitter) from that attempt's end until the rerun started: then no exit report could
+    reach the pool before the coordinator's silent-peer timeout re-placed the job.  A host that was
+    back before the rerun started could have told the pool: that rerun is a broken promise."""
     job, ok_a, later_a = rerun
     ok, later = spans[(job, ok_a)], spans[(job, later_a)]
     for o in outages:
-        if o.host not in ok.hosts or o.end < ok.end or o.start > later.start:
+        if o.host not in ok.hosts or o.start > ok.end or o.end < later.start:
             continue
         if o.side is None or submitter_side is None or o.side != submitter_side:
             return True
@@ -785,7 +786,8 @@ def render(doc: dict[str, Any]) -> str:
         ("jobs lost (target 0)", f"{r['jobs_lost']}"),
         ("run concurrently twice (target 0)", f"{r['run_concurrently_twice']}"),
         ("rerun after success (target 0)", f"{r['rerun_after_success']}"),
-        ("rerun after a success its host could not report", f"{r['rerun_after_unreportable_success']}"),
+        ("rerun after a success its host could not report yet",
+         f"{r['rerun_after_unreportable_success']}"),
         ("results lost (target 0)", f"{r['results_lost']}"),
         ("attempts started / jobs restarted", f"{r['attempts_started']} / {r['restarted_jobs']}"),
         ("GPU-time lost to restarts (rank-s)",

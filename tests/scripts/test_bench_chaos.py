@@ -74,12 +74,13 @@ def test_rerun_after_success_needs_every_rank_done() -> None:
 def test_unreportable_success_only_when_its_host_was_silent() -> None:
     spans = bc.attempt_spans(run_of("j", 1, 0.0, 5, host="n2") + run_of("j", 2, 20.0, 5, host="n3"))
     rerun = ("j", 1, 2)
-    frozen = [bc.Outage("n2", 0.3, 14.0)]
+    frozen = [bc.Outage("n2", 0.3, 24.0)]  # frozen from before its end until after the rerun began
     assert bc.unreportable(rerun, spans, "A", frozen)
-    assert not bc.unreportable(rerun, spans, "A", [bc.Outage("n3", 0.3, 14.0)])  # another host
+    assert not bc.unreportable(rerun, spans, "A", [bc.Outage("n3", 0.3, 24.0)])  # another host
     assert not bc.unreportable(rerun, spans, "A", [bc.Outage("n2", 0.0, 0.2)])  # over before it ended
+    assert not bc.unreportable(rerun, spans, "A", [bc.Outage("n2", 0.3, 14.0)])  # back before the rerun
     assert not bc.unreportable(rerun, spans, "A", [bc.Outage("n2", 25.0, 30.0)])  # after the rerun
-    cut = [bc.Outage("n2", 1.0, 12.0, side="B")]
+    cut = [bc.Outage("n2", 0.3, 22.0, side="B")]
     assert bc.unreportable(rerun, spans, "A", cut)  # cut off from its submitter's half
     assert not bc.unreportable(rerun, spans, "B", cut)  # same half as the submitter
 
