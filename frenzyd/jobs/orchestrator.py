@@ -243,17 +243,23 @@ class Orchestrator:
             "gpus": gpus,
             "leases": [lease.to_dict() for lease in self.leases.leases()],
             "outbox": self.rank_host.outbox_report(),
-            "jobs": [r.summary() for r in live + done],
+            "jobs": [self.submitter.summary(r) for r in live + done],
         }
 
     def jobs_view(self, v: ClusterView | None = None) -> list[dict[str, Any]]:
         """Every job this node knows: its own, the coordinator table, and peers' reports."""
         v = v or self._view()
-        return merge_jobs([
+        jobs = merge_jobs([
             *(rep.get("jobs") or () for rep in v.peers.values()),
             (r.summary() for r in self.table.all()),
             (r.summary() for r in self.store.all()),
         ])
+        for j in jobs:  # the submitter alone knows a trainer job's progress and measured memory
+            rec = self.store.find(j["id"])
+            if rec is not None and rec.spec.trainer:
+                mine = self.submitter.summary(rec)
+                j.update(progress=mine["progress"], memory=mine["memory"])
+        return jobs
 
     async def _on_exit(self, peer: str, msg: JobExit) -> Ack:
         """A peer's ranks of a job exited: the submitter's record and the coordinator's view learn it."""

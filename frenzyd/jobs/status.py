@@ -98,6 +98,7 @@ def build_status(
                 "attempt": j.get("attempt"),
                 "failed_rank": j.get("failed_rank"),
                 "queue_position": position.get(j["id"]),
+                **({k: j.get(k) for k in ("progress", "memory") if k in j}),
                 "created_at": j.get("created_at"),
                 "started_at": j.get("started_at"),
                 "updated_at": j.get("updated_at"),

@@ -71,6 +71,8 @@ from frenzyd.marp.calibration import (
 
 log = logging.getLogger(__name__)
 
+PROGRESS_LINE_CAP = 64 * 1024
+"""Longest partial line of rank 0's output kept while waiting for its end."""
 RESULT_SUMMARY_CAP = 4 << 20
 """Largest ``summary.json`` read out of a job's results (the trainer's is a few KiB)."""
 
@@ -146,6 +148,12 @@ class SubmitterRole:
         self.seen = self._load_seen()
         self._calibration_path = store.root.parent / CALIBRATION_FILE
         self.calibration = self._load_calibration()
+        self.progress: dict[str, dict[str, Any]] = {}
+        """Trainer job -> its last step (``summary``'s ``progress``)."""
+        self.measured: dict[str, list[int]] = {}
+        """Trainer job -> each rank's measured peak, from its results."""
+        self._progress_buf: dict[str, bytes] = {}
+        self._predicted: dict[tuple[str, int], list[int] | None] = {}
         self._pack_dir = pack_dir
         self.versions = versions
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
@@ -434,7 +442,44 @@ class SubmitterRole:
         now = self.ctx.clock()
         for ch in msg.chunks:
             self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now, attempt=msg.attempt)
+            if rec.spec.trainer and ch.rank == 0 and ch.stream == "stdout":
+                self._follow_progress(rec, ch.data, now)
         return Ack()
+
+    def _follow_progress(self, rec: JobRecord, data: bytes, now: float) -> None:
+        """Rank 0 of the built-in trainer prints one JSON line per step: keep the latest."""
+        buf = self._progress_buf.get(rec.id, b"") + data
+        *lines, rest = buf.split(b"\n")
+        self._progress_buf[rec.id] = rest[-PROGRESS_LINE_CAP:]
+        for line in reversed(lines):
+            try:
+                step = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(step, dict) and isinstance(step.get("step"), int) and "loss" in step:
+                self.progress[rec.id] = {
+                    **{k: step.get(k) for k in ("step", "steps", "loss", "tokens_per_s", "eta_s")},
+                    "attempt": rec.attempt, "updated_at": now,
+                }
+                return
+
+    def summary(self, rec: JobRecord) -> dict[str, Any]:
+        """The job's status entry: the record's summary plus, for a built-in trainer job,
+        ``progress`` (the last step rank 0 reported; null before the first) and ``memory`` (MARP's
+        per-rank prediction for the current plan and, once the results are in, each rank's
+        measured peak)."""
+        out = rec.summary()
+        if not rec.spec.trainer:
+            return out
+        out["progress"] = self.progress.get(rec.id)
+        predicted = None
+        if rec.plan is not None:
+            key = (rec.id, rec.attempt)
+            if key not in self._predicted:
+                self._predicted[key] = predicted_rank_peaks(rec.spec, rec.plan)
+            predicted = self._predicted[key]
+        out["memory"] = {"predicted_peak_bytes": predicted, "measured_peak_bytes": self.measured.get(rec.id)}
+        return out
 
     async def on_results(self, peer: str, msg: JobResults) -> Ack:
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
@@ -459,6 +504,10 @@ class SubmitterRole:
 
     async def _calibrate(self, rec: JobRecord, results: bytes) -> None:
         """Fold a trainer job's measured per-rank peaks into this node's MARP calibration file."""
+        summary = await asyncio.to_thread(trainer_summary, results)
+        measured = (summary or {}).get("measured_peak_bytes")
+        if isinstance(measured, list) and all(isinstance(m, int) for m in measured):
+            self.measured[rec.id] = measured
         cal = await asyncio.to_thread(fold_trainer_run, self.calibration, rec, results)
         if cal is self.calibration:
             return

@@ -16,8 +16,8 @@ from frenzy_client import cmd_jobs, trainer_job
 from frenzyd.errors import WireError
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.rank_host import rank_command
-from frenzyd.marp.combos import runs
 from frenzyd.marp.calibration import load_calibration
+from frenzyd.marp.combos import runs
 from frenzyd.marp.model import load_model, spec_from_config
 from frenzyd.marp.plans import feasible_plans
 from frenzyd.marp.spec import GpuPool, TrainingSetup
@@ -108,6 +108,12 @@ async def test_run_with_no_script_trains_on_a_marp_plan_and_returns_the_model(en
     assert ckpts[-1].name == "step-00000010"
     # The submitter folded the measured per-rank peaks into its MARP calibration file (issue 19);
     # a CPU run is kept but never corrects a GPU type.
+    listed = json.loads((await env.cli("jobs", "--json", cwd=work))[1])["jobs"]
+    entry = next(j for j in listed if j["id"] == job)
+    progress = entry["progress"]
+    assert (progress["step"], progress["steps"], progress["attempt"]) == (12, 12, 1)
+    assert entry["memory"]["measured_peak_bytes"] == final["measured_peak_bytes"]
+    assert entry["memory"]["predicted_peak_bytes"] == final["predicted_peak_bytes"]
     cal = load_calibration(env.tmp / "a" / "marp-calibration.json")
     corr = cal.correction("T4", "llama", "2.13.0")
     assert (corr.applies, corr.runs, corr.cpu_runs_ignored) == (False, 0, 1)
