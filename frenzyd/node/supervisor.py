@@ -11,7 +11,9 @@ reads commands on stdin, one per line:
 When the deadline comes near without a renewal (the daemon is frozen, partitioned from the job's
 submitter, or too slow to renew), it sends SIGTERM to every watched group ``grace`` seconds before
 the deadline and SIGKILL at the deadline, prints ``EXPIRED`` and exits: at the deadline the ranks
-are gone, which is what the coordinator's wait before re-placing the job counts on.  If stdin
+are gone, which is what the coordinator's wait before re-placing the job counts on.  When every
+watched rank had already exited (ranks that finished while their daemon was frozen are zombies
+until it reaps them) it prints ``ENDED`` and exits 0: their exit codes stand.  If stdin
 closes without ``stop`` (the daemon died), it kills the groups at once: the ranks must not outlive
 the daemon that answers for them (DESIGN.md §8).  Exit status: ``EXPIRED`` (3) when it killed the
 ranks for the lease, 0 otherwise.
@@ -47,6 +49,20 @@ def _alive(pgids: set[int]) -> bool:
     return False
 
 
+def _running(pgids: set[int]) -> bool:
+    """Whether a watched rank (a group leader) has not exited yet.  A rank that exited while its
+    daemon was frozen stays a zombie until the daemon reaps it: it finished on its own."""
+    for pgid in pgids:
+        try:
+            with open(f"/proc/{pgid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False
+
+
 def _expire(pgids: set[int], kill_at: float) -> None:
     _kill(pgids, signal.SIGTERM)
     while time.monotonic() < kill_at and _alive(pgids):
@@ -68,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         left = deadline - args.grace - time.monotonic()
         if left <= 0:
+            killed = _running(pgids)  # ranks that all ended on their own were not cut short
             _expire(pgids, deadline)
-            print("EXPIRED", flush=True)
-            return EXPIRED
+            print("EXPIRED" if killed else "ENDED", flush=True)
+            return EXPIRED if killed else 0
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
         if not ready:
             continue

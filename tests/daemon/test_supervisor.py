@@ -89,3 +89,26 @@ def test_the_ranks_die_with_the_daemon(rank: subprocess.Popen[bytes]) -> None:
     sup.stdin.close()  # the daemon is gone
     assert _dead_within(rank, 10)
     assert _dead_within(sup, 10)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_ranks_that_ended_before_the_deadline_were_not_cut_short() -> None:
+    """Found by scripts/bench_chaos.py: the rank exits 0 while its daemon is frozen (a zombie until
+    the daemon reaps it); the lease then runs out.  The supervisor must not say EXPIRED, or the
+    daemon, once thawed, reports a finished attempt as vacated and the job runs again."""
+    done = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    end = time.monotonic() + 30
+    while _state(done.pid) != "Z":  # exited, not reaped: what a frozen daemon leaves
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    sup = _supervisor(lease=1.0)
+    _say(sup, f"watch {done.pid}")
+    assert _dead_within(sup, 30)
+    assert sup.returncode == 0
+    assert sup.stdout is not None
+    assert sup.stdout.readline().strip() == b"ENDED"
+    assert done.wait() == 0
