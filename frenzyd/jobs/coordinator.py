@@ -242,8 +242,11 @@ class CoordinatorRole:
                 self.table.submit(theirs)
             elif theirs.state == "running":
                 self.table.adopt(theirs)
-        elif known.state == "running" and theirs.state == "queued" and theirs.attempt >= known.attempt:
-            self.table.update(theirs)  # the submitter requeued it (its ranks were lost)
+        elif known.state == "running" and theirs.state == "queued" and theirs.attempt >= known.attempt \
+                and not (theirs.phase == "placing" and theirs.attempt == known.attempt):
+            # the submitter requeued it (its ranks were lost); a record still "placing" the attempt
+            # that runs only missed the news of its placement (its submitter was down)
+            self.table.update(theirs)
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
         elif known.state == "queued" and theirs.state == "running" and theirs.attempt >= known.attempt \

@@ -383,3 +383,38 @@ async def test_a_frozen_coordinator_does_not_stall_lease_renewals(pool: Pool, tm
     assert {e["attempt"] for e in entries(ledger)} == {1}
     assert any(e["event"] == "end" for e in entries(ledger))
     await queued
+
+
+async def test_a_restarted_submitter_whose_placement_news_was_lost_does_not_stop_its_job(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Found by scripts/bench_chaos.py: the submitter dies while its job is being placed and never
+    hears of the placement; restarted, it resubmits its record, still "placing" attempt 1.  The
+    coordinator must not take that for a requeue and stop the running attempt (whose -15 then
+    failed the job): attempt 1 finishes and its exit report settles the job."""
+    router = pool.sender
+
+    def sender(src: str) -> Any:
+        send = router(src)
+
+        async def lose_placement_news(dst: str, out: Any, limit: float) -> dict[str, Any]:
+            if src == "a" and dst == "c" and isinstance(out, JobState) and out.record.state == "running":
+                raise DaemonUnreachable("the submitter is down")
+            return dict(await send(dst, out, limit))
+
+        return lose_placement_news
+
+    pool.sender = sender  # type: ignore[method-assign]
+    pool.add("a", 0)
+    pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(2 * LEASE_S))
+    rec = await c.orch.submit(request(d, nproc=1))
+    await eventually(lambda: any(e["attempt"] == 1 for e in entries(ledger)), limit=60)
+    await pool.kill("c")
+    c = pool.restart("c")
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=120)
+    assert done["state"] == "succeeded", done
+    assert {e["attempt"] for e in entries(ledger)} == {1}
