@@ -97,9 +97,7 @@ def _coordinator(st: dict[str, Any] | None) -> str | None:
 def _submit_detached(d: Daemon, jobdir: Path, *script_args: str, nproc: int = 2) -> str:
     out = d.client("run", "--detach", "--json", "--nproc", str(nproc), "--mem-per-rank", JOB_MEM,
                    "--", str(jobdir / "ddp_tiny.py"), *script_args)
-    data = json.loads(out)
-    job = data.get("job", data)
-    return str(job["id"])
+    return str(json.loads(out)["job"])  # DESIGN §6: --detach prints {"job": ID}
 
 
 @pytest.mark.timeout(900)

@@ -272,11 +272,12 @@ class Launcher:
         proc = self._supervisors.get(run)  # popped only once it has exited: a concurrent call waits too
         if proc is None:
             return False
-        if proc.returncode is None and proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.write(b"stop\n")
-            with contextlib.suppress(ConnectionError):
-                await proc.stdin.drain()
-            proc.stdin.close()
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            if proc.returncode is None:
+                proc.stdin.write(b"stop\n")
+                with contextlib.suppress(ConnectionError):
+                    await proc.stdin.drain()
+            proc.stdin.close()  # also when it already exited (lease expired): no pipe is left open
         try:
             await asyncio.wait_for(proc.wait(), self.term_grace_s + 5.0)
         except TimeoutError:

@@ -150,6 +150,7 @@ async def test_env_contract(tmp_path: Path) -> None:
     }
     assert Path(got["cwd"]) == tmp_path
     assert got["pgid"] == got["pid"]  # its own process group, so cancel can kill the group
+    await launcher.close()  # ends the attempt's lease supervisor
 
 
 async def test_launch_errors_are_launch_errors(tmp_path: Path) -> None:
@@ -160,6 +161,7 @@ async def test_launch_errors_are_launch_errors(tmp_path: Path) -> None:
         await launcher.launch(spec("j", 0, 1, 1, tmp_path / "nope", ["x.py"]))
     h = await launcher.launch(spec("j", 0, 1, 1, tmp_path, ["/nonexistent/binary"]))
     assert await h.wait() != 0
+    await launcher.close()
 
 
 async def test_store_listens_only_on_its_address(tmp_path: Path) -> None:
