@@ -278,12 +278,7 @@ class Launcher:
                 with contextlib.suppress(ConnectionError):
                     await proc.stdin.drain()
             proc.stdin.close()  # also when it already exited (lease expired): no pipe is left open
-        try:
-            await asyncio.wait_for(proc.wait(), self.term_grace_s + 5.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        await _reap(proc, self.term_grace_s + 5.0)
         if self._supervisors.get(run) is proc:
             del self._supervisors[run]
         (self.pid_dir / f"{run}.supervisor.pid").unlink(missing_ok=True)
@@ -332,17 +327,14 @@ class Launcher:
         await self._stop_store(run_key(job_id, attempt))
 
     async def _stop_store(self, run: str) -> None:
-        proc = self._stores.pop(run, None)
+        proc = self._stores.get(run)  # kept until it has exited: close() reaps one a cancel left behind
         if proc is None:
             return
-        if proc.stdin is not None:
+        if proc.stdin is not None and not proc.stdin.is_closing():
             proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 5.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        await _reap(proc, 5.0)
+        if self._stores.get(run) is proc:
+            del self._stores[run]
         (self.pid_dir / f"{run}.store.pid").unlink(missing_ok=True)
         (self.dir / f"{run}.store.log").unlink(missing_ok=True)
 
@@ -445,6 +437,21 @@ class Launcher:
         if killed:
             log.warning("reaped %d leftover rank/store process group(s): %s", len(killed), killed)
         return killed
+
+
+async def _reap(proc: asyncio.subprocess.Process, limit_s: float) -> None:
+    """Wait for a helper process (store, supervisor) told to exit; kill it after ``limit_s``, or at
+    once when the waiting task is cancelled (a daemon stopping must not leave it running)."""
+    try:
+        await asyncio.wait_for(proc.wait(), limit_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise
 
 
 def _pythonpath() -> str:

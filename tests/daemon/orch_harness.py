@@ -138,10 +138,12 @@ class Pool:
         for n in self.nodes.values():
             n.stop.set()
         for n in self.nodes.values():
-            if n.task is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(n.task, 20)
-            await n.orch.launcher.close()
+            try:
+                if n.task is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(n.task, 20)
+            finally:  # every launcher is closed, whatever a node's task did: no process outlives a test
+                await n.orch.launcher.close()
 
 
 @pytest.fixture
