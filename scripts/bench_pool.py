@@ -160,7 +160,7 @@ def submit_latency(d: Daemon, jobdir: Path, nproc: int, limit_s: float) -> dict[
                    "--", str(jobdir / "ranks.py"))
     t_answer = time.time()
     job = json.loads(out)
-    job_id = str(job.get("job", job)["id"])
+    job_id = str(job["job"])  # DESIGN §6: --detach prints {"job": ID}
     deadline = time.monotonic() + limit_s
     starts: dict[int, float] = {}
     joined: dict[int, float] = {}
