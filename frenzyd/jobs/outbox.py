@@ -20,6 +20,7 @@ from pathlib import Path
 from frenzyd.errors import WireError
 from frenzyd.jobs.messages import JobExit
 from frenzyd.jobs.model import valid_job_id
+from frenzyd.jobs.store import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +35,6 @@ class OutboxEntry:
     @property
     def key(self) -> tuple[str, int]:
         return (self.report.job_id, self.report.attempt)
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class Outbox:
@@ -90,9 +82,9 @@ class Outbox:
         d = self._dir(report.job_id, report.attempt)
         d.mkdir(exist_ok=True, mode=0o700)
         if results is not None:
-            _write(d / "results.bin", results)
+            atomic_write(d / "results.bin", results)
         doc = {"created_at": now, "submitter": submitter, "exit": report.to_body()}
-        _write(d / "report.json", json.dumps(doc).encode())
+        atomic_write(d / "report.json", json.dumps(doc).encode())
         entry = OutboxEntry(report, submitter, now, results is not None)
         self._entries[entry.key] = entry
         return entry

@@ -83,8 +83,7 @@ def test_the_simulator_charges_a_stop_its_write_and_lost_progress(model: Preempt
     restart = job.speed.restart_cost_s
     alone = restart + job.total_steps * step
     stop_at = restart + 250.0  # 250 s of progress, a round tick (every 10 s) falls on it
-    if alone <= stop_at + 10:
-        pytest.skip("job too short for this scenario")
+    assert alone > stop_at + 10, "the seeded job must outlast the stop, or the scenario tests nothing"
     r = simulate(_StopOnce(stop_at), [job], cluster, seed=0, clock=time.perf_counter, preemption=model)
     (o,) = r.outcomes
     stopped_after = 10.0 * -(-stop_at // 10.0)  # the first round tick (every 10 s from the arrival) past it
