@@ -29,6 +29,12 @@ Requeue(a)      queued/placing a,      queued/waiting          submitter or coor
                 running a                                      failed, ranks lost, peer vacated
 Exits(a)        running a              running, succeeded,     the rank hosts' exit reports
                                        failed
+LateExits(a')   queued, running a,     unchanged, or           the exit report of an earlier,
+                a' < a                 succeeded               requeued attempt a' (its host was
+                                                               cut off or frozen near the end):
+                                                               once every rank of a' is known to
+                                                               have exited 0, the job succeeded
+                                                               (by a'; a is stopped)
 Cancel          queued, running        cancelled               the user (through the submitter)
 Fail            queued                 failed                  the submitter (unplaceable) or the
                                                                coordinator (cannot ever fit)
@@ -36,6 +42,11 @@ Fail            queued                 failed                  the submitter (un
 
 A ``Requeue`` of a started attempt that says ``lost`` counts toward ``MAX_LOST``; past it the
 job fails instead.  Terminal states are final: no event changes a terminal record.
+
+``LateExits`` is what keeps "never rerun after success" when the pool could not know: a rank host
+cut off near the end of an attempt finishes it, its report waits in the host's outbox, and the
+coordinator (rightly, after the lease) starts the next attempt.  When the report arrives, the
+success stands and the newer attempt is stopped, instead of running the job a second time.
 """
 
 from __future__ import annotations
@@ -45,10 +56,10 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from frenzyd.errors import JobStateError
-from frenzyd.jobs.model import PHASES, TERMINAL, JobPlan, JobRecord, JobState, RankAssignment
+from frenzyd.jobs.model import PHASES, TERMINAL, JobPlan, JobRecord, JobState, LateAttempt, RankAssignment
 
-__all__ = ["EVENTS", "MAX_LOST", "PHASES", "BeginAttempt", "Cancel", "Event", "Exits", "Fail", "Placed",
-           "Requeue", "StaleAttempt", "Wait", "run_attempt", "step"]
+__all__ = ["EVENTS", "MAX_LOST", "PHASES", "BeginAttempt", "Cancel", "Event", "Exits", "Fail", "LateExits",
+           "Placed", "Requeue", "StaleAttempt", "Wait", "run_attempt", "step"]
 
 MAX_LOST: Final = 3
 """Started attempts a job may lose (peer lost, owner reclaimed its GPU) before it is failed."""
@@ -102,6 +113,17 @@ class Exits:
 
 
 @dataclass(frozen=True, slots=True)
+class LateExits:
+    """Exit codes of some ranks of ``attempt``, an attempt before the record's current one, with
+    that attempt's placement (its report carries it): ``ranks`` and ``plan``."""
+
+    attempt: int
+    ranks: tuple[RankAssignment, ...]
+    codes: Mapping[int, int] = field(default_factory=dict)
+    plan: JobPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     message: str = "cancelled by user"
 
@@ -111,7 +133,7 @@ class Fail:
     reason: str
 
 
-Event = BeginAttempt | Placed | Wait | Requeue | Exits | Cancel | Fail
+Event = BeginAttempt | Placed | Wait | Requeue | Exits | LateExits | Cancel | Fail
 
 EVENTS: Final[dict[type, tuple[frozenset[JobState], frozenset[Actor]]]] = {
     BeginAttempt: (frozenset({"queued"}), frozenset({"submitter"})),
@@ -119,6 +141,7 @@ EVENTS: Final[dict[type, tuple[frozenset[JobState], frozenset[Actor]]]] = {
     Wait: (frozenset({"queued"}), frozenset({"coordinator"})),
     Requeue: (frozenset({"queued", "running"}), frozenset({"submitter", "coordinator"})),
     Exits: (frozenset({"running"}), frozenset({"rank_host"})),
+    LateExits: (frozenset({"queued", "running"}), frozenset({"rank_host"})),
     Cancel: (frozenset({"queued", "running"}), frozenset({"user"})),
     Fail: (frozenset({"queued"}), frozenset({"submitter", "coordinator"})),
 }
@@ -133,7 +156,7 @@ def step(rec: JobRecord, ev: Event, *, now: float) -> JobRecord:
     longer current, are ``StaleAttempt`` too: late reports are normal and must not change state.
     """
     if rec.state in TERMINAL:
-        if isinstance(ev, Exits | Requeue | Placed):
+        if isinstance(ev, Exits | LateExits | Requeue | Placed):
             raise StaleAttempt(f"job {rec.id} is {rec.state}: news of attempt {ev.attempt} changes nothing")
         raise JobStateError(f"job {rec.id} is {rec.state}: it cannot change any more")
     allowed, _ = EVENTS[type(ev)]
@@ -173,6 +196,8 @@ def step(rec: JobRecord, ev: Event, *, now: float) -> JobRecord:
         if rec.state != "running":
             raise StaleAttempt(f"job {rec.id}: exit report for attempt {ev.attempt}, which is not running")
         return _exits(rec, ev.codes, now)
+    if isinstance(ev, LateExits):
+        return _late_exits(rec, ev, now)
     if isinstance(ev, Cancel):
         _require(rec, allowed, ev)
         return _finish(rec, "cancelled", ev.message, now)
@@ -216,6 +241,27 @@ def _exits(rec: JobRecord, codes: Mapping[int, int], now: float) -> JobRecord:
     if failed_rank is None:
         return _finish(rec, "succeeded", "all ranks exited 0", now)
     return _finish(rec, "failed", f"rank {failed_rank} exited {merged[failed_rank]} first", now)
+
+
+def _late_exits(rec: JobRecord, ev: LateExits, now: float) -> JobRecord:
+    """Record an earlier attempt's exit codes; the job succeeded once all of its ranks exited 0."""
+    if not 0 < ev.attempt < rec.attempt:
+        raise StaleAttempt(f"job {rec.id}: late exit report of attempt {ev.attempt}, the job is at attempt "
+                           f"{rec.attempt}")
+    world = len(ev.ranks)
+    if world == 0 or [r.rank for r in sorted(ev.ranks, key=lambda r: r.rank)] != list(range(world)):
+        raise StaleAttempt(f"job {rec.id}: late exit report of attempt {ev.attempt} without its placement")
+    known = rec.late.get(ev.attempt, LateAttempt(world))
+    merged = dict(known.exit_codes)
+    merged.update({r: c for r, c in ev.codes.items() if 0 <= r < world and r not in merged})
+    late = LateAttempt(world, merged)
+    rec = replace(rec, late={**rec.late, ev.attempt: late}, updated_at=now)
+    if not late.succeeded:
+        return rec
+    rec = replace(rec, plan=ev.plan, ranks=tuple(sorted(ev.ranks, key=lambda r: r.rank)), exit_codes=merged,
+                  failed_rank=None)
+    return _finish(rec, "succeeded", f"attempt {ev.attempt} succeeded: all ranks exited 0 (its report came "
+                   f"after attempt {rec.attempt} had begun, which is stopped)", now)
 
 
 def run_attempt(rec: JobRecord, ranks: Iterable[RankAssignment], *, now: float, term: int = 1,

@@ -359,6 +359,25 @@ class RankAssignment:
 
 
 @dataclass(frozen=True, slots=True)
+class LateAttempt:
+    """An earlier attempt whose exit codes arrived after it was requeued: its size and the codes."""
+
+    world_size: int
+    exit_codes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return len(self.exit_codes) == self.world_size and not any(self.exit_codes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "exit_codes": {str(k): v for k, v in self.exit_codes.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LateAttempt:
+        return cls(int(d["world_size"]), {int(k): int(v) for k, v in (d.get("exit_codes") or {}).items()})
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as its submitter (authoritative) or the coordinator (soft) sees it."""
 
@@ -385,6 +404,9 @@ class JobRecord:
     failed_rank: int | None = None
     """The attempt's first rank to exit non-zero (None while none has)."""
     message: str = ""
+    late: dict[int, LateAttempt] = field(default_factory=dict)
+    """Exit codes that arrived for earlier attempts after they were requeued (a rank host that was
+    cut off or frozen near the end): attempt -> what is known of it (``lifecycle.LateExits``)."""
 
     @property
     def terminal(self) -> bool:
@@ -446,6 +468,7 @@ class JobRecord:
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
             "failed_rank": self.failed_rank,
             "message": self.message,
+            "late": {str(a): la.to_dict() for a, la in self.late.items()},
         }
 
     @classmethod
@@ -482,6 +505,7 @@ class JobRecord:
                 exit_codes={int(k): int(v) for k, v in (d.get("exit_codes") or {}).items()},
                 failed_rank=None if d.get("failed_rank") is None else int(d["failed_rank"]),
                 message=str(d.get("message") or ""),
+                late={int(a): LateAttempt.from_dict(la) for a, la in (d.get("late") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"job record: {exc!r}") from None

@@ -166,8 +166,24 @@ class JobStore:
             pass
         return out
 
-    def write_results(self, job_id: str, data: bytes) -> None:
-        atomic_write(self.dir(job_id) / "results.bin", data)
+    def write_results(self, job_id: str, data: bytes, *, late_attempt: int | None = None) -> None:
+        """Keep rank 0's results; ``late_attempt``: they are an earlier, requeued attempt's, kept
+        aside until that attempt is known to have succeeded (``promote_results``)."""
+        name = "results.bin" if late_attempt is None else f"results.attempt-{int(late_attempt)}.bin"
+        atomic_write(self.dir(job_id) / name, data)
+
+    def promote_results(self, job_id: str, attempt: int) -> bytes | None:
+        """Make the results kept aside for ``attempt`` the job's results; return them (None: none came)."""
+        aside = self.dir(job_id) / f"results.attempt-{int(attempt)}.bin"
+        try:
+            data = aside.read_bytes()
+        except FileNotFoundError:
+            return None
+        os.replace(aside, self.dir(job_id) / "results.bin")
+        return data
+
+    def has_results(self, job_id: str) -> bool:
+        return (self.dir(job_id) / "results.bin").exists()
 
     def results(self, job_id: str) -> bytes | None:
         self.get(job_id)

@@ -32,6 +32,7 @@ from frenzyd.jobs.lifecycle import (
     Cancel,
     Exits,
     Fail,
+    LateExits,
     Placed,
     Requeue,
     StaleAttempt,
@@ -160,7 +161,7 @@ class SubmitterRole:
         self._acked: dict[str, tuple[str, int]] = {}  # job -> (coordinator, term) that has it
         self._resend_at: dict[str, float] = {}
         self._cancelling: set[str] = set()
-        self._results_buf: dict[str, bytearray] = {}
+        self._results_buf: dict[tuple[str, int], bytearray] = {}
         self._placing_seen: dict[tuple[str, int], float] = {}  # attempt in flight -> last sign of it
 
     async def submit(self, request: Mapping[str, Any]) -> JobRecord:
@@ -482,24 +483,37 @@ class SubmitterRole:
         return out
 
     async def on_results(self, peer: str, msg: JobResults) -> Ack:
+        """Rank 0's results, in chunks.  The current attempt's become the job's results; an earlier
+        attempt's, arriving late while the job is not over, are kept aside until that attempt's
+        late exit reports show whether it succeeded (``LateExits``).  Once a finished job has its
+        results, later copies are acknowledged and dropped."""
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
-        if self._current(JobResults.KIND, job_id, msg.attempt) is None:
+        rec = self.store.find(job_id)
+        late = rec is not None and not rec.terminal and 0 < msg.attempt < rec.attempt
+        if not late and self._current(JobResults.KIND, job_id, msg.attempt) is None:
             return Ack(False, f"stale attempt {msg.attempt}")
         if total > self.max_result_bytes or off < 0:
             raise LaunchError(f"results of {total} bytes exceed the cap of {self.max_result_bytes}")
-        buf = self._results_buf.setdefault(job_id, bytearray())
+        key = (job_id, msg.attempt)
+        buf = self._results_buf.setdefault(key, bytearray())
         if off != len(buf):
             buf.clear()
             if off != 0:
                 raise LaunchError("results arrived out of order")
         buf.extend(data)
-        if len(buf) >= total:
-            results = bytes(buf)
-            await asyncio.to_thread(self.store.write_results, job_id, results)
-            del self._results_buf[job_id]
-            rec = self.store.get(job_id)
-            if rec.spec.trainer and rec.plan is not None:
-                self.ctx.spawn(self._calibrate(rec, results), f"calibrate {job_id}")
+        if len(buf) < total:
+            return Ack()
+        results = bytes(buf)
+        del self._results_buf[key]
+        rec = self.store.get(job_id)
+        if late:
+            await asyncio.to_thread(self.store.write_results, job_id, results, late_attempt=msg.attempt)
+            return Ack()
+        if rec.terminal and await asyncio.to_thread(self.store.has_results, job_id):
+            return Ack()  # a resent copy, or a stopped attempt's after a late success: keep the first
+        await asyncio.to_thread(self.store.write_results, job_id, results)
+        if rec.spec.trainer and rec.plan is not None:
+            self.ctx.spawn(self._calibrate(rec, results), f"calibrate {job_id}")
         return Ack()
 
     async def _calibrate(self, rec: JobRecord, results: bytes) -> None:
@@ -527,6 +541,9 @@ class SubmitterRole:
             if msg.attempt != mine.attempt:
                 self.ctx.stale(JobExit.KIND, f"job {mine.id} is {mine.state}: exit of attempt {msg.attempt}")
             return
+        if msg.attempt < mine.attempt:
+            self._on_late_exit(peer, mine, msg)
+            return
         if msg.record is not None:
             mine = self._apply_placement(mine, msg.record)
         # A peer reports only the ranks it was given.
@@ -552,6 +569,43 @@ class SubmitterRole:
             log.info("job %s %s: %s", rec.id, rec.state, rec.message)
             self.ctx.spawn(self._announce_finished(rec), f"finished {rec.id}")
 
+    def _on_late_exit(self, peer: str, mine: JobRecord, msg: JobExit) -> None:
+        """The exit report of an earlier attempt, requeued while its host was cut off or frozen:
+        if every rank of it exited 0 the job succeeded, and the attempt running now is stopped."""
+        placed = msg.record
+        if msg.vacated or placed is None or placed.attempt != msg.attempt or not placed.ranks:
+            self.ctx.stale(JobExit.KIND, f"job {mine.id}: exit of attempt {msg.attempt}, the job is at "
+                           f"attempt {mine.attempt}")
+            return
+        codes = own_codes(msg.exit_codes, placed, peer)
+        try:
+            rec = step(mine, LateExits(msg.attempt, placed.ranks, codes, placed.plan), now=self.ctx.clock())
+        except StaleAttempt as exc:
+            self.ctx.stale(JobExit.KIND, exc)
+            return
+        if rec.state != "succeeded":
+            self.store.save(rec)
+            return
+        results = self.store.promote_results(rec.id, msg.attempt)
+        self.store.save(rec)
+        log.warning("job %s: %s", rec.id, rec.message)
+        self.ctx.spawn(self._announce_finished(rec, attempt=msg.attempt), f"finished {rec.id}")
+        self.ctx.spawn(self._stop_current(mine), f"stop {rec.id} attempt {mine.attempt}")
+        if results is not None and rec.spec.trainer and rec.plan is not None:
+            self.ctx.spawn(self._calibrate(rec, results), f"calibrate {rec.id}")
+
+    async def _stop_current(self, was: JobRecord) -> None:
+        """Stop the attempt ``was`` had in flight: through the coordinator, which holds the right to
+        order stops.  Should it be unreachable, the attempt's leases are no longer confirmed by this
+        node, so its rank hosts' supervisors stop it within ``lease_timeout_s`` anyway."""
+        if was.state != "running" and was.phase != "placing":
+            return
+        coordinator = self.ctx.view().coordinator
+        if coordinator is None:
+            return
+        with contextlib.suppress(FrenzyError):
+            await self.ctx.send(coordinator, JobCancel(was.id), SEND_TIMEOUT_S)
+
     async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk | Ack:
         if self._current(PayloadFetch.KIND, msg.job_id, msg.attempt) is None:
             return Ack(False, f"stale attempt {msg.attempt}")
@@ -559,7 +613,8 @@ class SubmitterRole:
         data, total = await asyncio.to_thread(self.store.payload, msg.job_id, msg.offset, length)
         return PayloadChunk(data, total)
 
-    async def _announce_finished(self, rec: JobRecord) -> None:
+    async def _announce_finished(self, rec: JobRecord, attempt: int | None = None) -> None:
+        """Tell the peers of the attempt that finished (``rec``'s ranks) that the job is over."""
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
-                await self.ctx.send(peer, JobFinished(rec.id, rec.attempt), SEND_TIMEOUT_S)
+                await self.ctx.send(peer, JobFinished(rec.id, attempt or rec.attempt), SEND_TIMEOUT_S)

@@ -21,6 +21,7 @@ from frenzyd.jobs.lifecycle import (
     Event,
     Exits,
     Fail,
+    LateExits,
     Placed,
     Requeue,
     StaleAttempt,
@@ -121,7 +122,7 @@ def test_running_needs_contiguous_ranks() -> None:
 
 
 def test_the_event_table_names_who_may_cause_each_event() -> None:
-    assert set(EVENTS) == {BeginAttempt, Placed, Wait, Requeue, Exits, Cancel, Fail}
+    assert set(EVENTS) == {BeginAttempt, Placed, Wait, Requeue, Exits, LateExits, Cancel, Fail}
     assert EVENTS[BeginAttempt][1] == {"submitter"}  # only the record's owner numbers attempts
     assert EVENTS[Cancel][1] == {"user"}
 
@@ -132,6 +133,8 @@ EVENT = st.one_of(
               st.integers(1, 4)),
     st.builds(lambda a, lost: Requeue(a, "r", lost), st.integers(0, 6), st.booleans()),
     st.builds(Exits, st.integers(0, 6), st.dictionaries(st.integers(0, 3), st.integers(0, 2), max_size=3)),
+    st.builds(lambda a, n, codes: LateExits(a, ranks(n), codes), st.integers(0, 6), st.integers(0, 2),
+              st.dictionaries(st.integers(0, 3), st.integers(0, 1), max_size=3)),
     st.just(Cancel()),
     st.just(Fail("no")),
     st.builds(Wait, st.sampled_from(["no GPU fits now", "busy"])),
@@ -161,15 +164,45 @@ def test_random_event_orders_keep_every_invariant(events: list[Event]) -> None:
         assert r.lost <= MAX_LOST
         if isinstance(ev, Exits | Requeue):
             assert ev.attempt == before.attempt, "only the current attempt's reports change a record"
+        if isinstance(ev, LateExits):
+            assert 0 < ev.attempt < before.attempt, "a late report is of an earlier attempt"
+            assert r.state in {before.state, "succeeded"}
+            if r.state == "succeeded":
+                assert r.late[ev.attempt].succeeded
         if r.state == "running":
             assert r.ranks
             assert r.attempt >= 1
-        if r.state == "queued":
+        if r.state == "queued" and not isinstance(ev, LateExits):
             assert r.ranks == ()
             assert r.plan is None
         if r.terminal:
             assert r.finished_at == t
         assert JobRecord.from_dict(r.to_dict()) == r
+
+
+def test_a_late_success_of_a_requeued_attempt_stands_and_ends_the_job() -> None:
+    """Attempt 1's host was cut off near the end: the job was requeued and attempt 2 started; then
+    attempt 1's exit reports arrive.  Once every rank of attempt 1 is known to have exited 0 the
+    job succeeded (by attempt 1); a partial or failed late report changes nothing but the record
+    of what is known."""
+    first = run_attempt(fresh(), ranks(2), now=1)
+    r = step(first, Requeue(1, "lost ranks"), now=2)
+    r = run_attempt(r, ranks(1), now=3)
+    assert (r.state, r.attempt) == ("running", 2)
+    r = step(r, LateExits(1, first.ranks, {0: 0}), now=4)
+    assert (r.state, r.attempt, r.late[1].exit_codes) == ("running", 2, {0: 0})
+    done = step(r, LateExits(1, first.ranks, {1: 0, 5: 1}), now=5)  # rank 5 is not attempt 1's
+    assert (done.state, done.attempt) == ("succeeded", 2)
+    assert (done.ranks, done.exit_codes) == (first.ranks, {0: 0, 1: 0})
+    assert "attempt 1 succeeded" in done.message
+    assert JobRecord.from_dict(done.to_dict()) == done
+    failed = step(r, LateExits(1, first.ranks, {1: -9}), now=5)  # killed by its lease: not a success
+    assert failed.state == "running"
+    assert not failed.late[1].succeeded
+    with pytest.raises(StaleAttempt):
+        step(r, LateExits(2, ranks(1), {0: 0}), now=5)  # the current attempt reports through Exits
+    with pytest.raises(StaleAttempt):
+        step(done, LateExits(1, first.ranks, {0: 0}), now=6)
 
 
 @pytest.mark.parametrize("name", sorted(V1))

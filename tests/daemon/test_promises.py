@@ -11,7 +11,9 @@ again after it succeeded" are checked.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -418,3 +420,56 @@ async def test_a_restarted_submitter_whose_placement_news_was_lost_does_not_stop
     done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=120)
     assert done["state"] == "succeeded", done
     assert {e["attempt"] for e in entries(ledger)} == {1}
+
+
+async def test_a_late_success_stands_and_the_newer_attempt_is_stopped(pool: Pool, tmp_path: Path) -> None:
+    """Found by scripts/bench_chaos.py: attempt 1's host is cut off near the end of the job; attempt
+    1 finishes during the cut (before its lease runs out), its report waits in the host's outbox,
+    and the job is, rightly, placed again.  When the host is back, attempt 1's success stands: the
+    job succeeded with attempt 1's results, and attempt 2 is stopped instead of running the job a
+    second time."""
+    pool.add("a", 0)
+    pool.add("b", 1)
+    pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    body = "seconds = 2 if os.environ['FRENZY_ATTEMPT'] == '1' else 90\n" + work("seconds")  # type: ignore[arg-type]
+    d, ledger = ledger_job(tmp_path, body)
+    rec = await c.orch.submit(request(d, nproc=1))
+    first = await wait_state(c, rec.id, {"running"})
+    host = first["ranks"][0]["peer"]
+    await output_has(c, rec.id, "attempt 1")
+    for other in pool.nodes:
+        if other != host:
+            pool.cut.add(frozenset((host, other)))
+    ended = lambda: any(e["event"] == "end" and e["attempt"] == 1 for e in entries(ledger))  # noqa: E731
+    await eventually(ended, limit=30)
+    await eventually(lambda: pool.nodes[host].orch.rank_host.outbox.entries() != [], limit=30)
+    await eventually(lambda: any(e["attempt"] == 2 for e in entries(ledger)), limit=90)
+    pool.cut.clear()
+    done = await wait_state(c, rec.id, {"succeeded", "failed", "cancelled"}, limit=60)
+    assert done["state"] == "succeeded", done
+    assert "attempt 1 succeeded" in done["message"]
+    assert done["ranks"][0]["peer"] == host
+    results = c.orch.store.results(rec.id)
+    assert results is not None
+    with tarfile.open(fileobj=io.BytesIO(results), mode="r:gz") as tar:
+        member = tar.extractfile("result.txt")
+        assert member is not None
+        assert member.read() == b"attempt 1\n"
+    last = await _last_line_of_attempt(ledger, 2)
+    assert not any(e["event"] == "end" and e["attempt"] == 2 for e in entries(ledger))
+    assert time.time() - last > 2.0
+    assert overlapping_attempts(ledger) == []
+
+
+async def _last_line_of_attempt(ledger: Path, attempt: int, quiet_s: float = 3.0, limit: float = 45) -> float:
+    """Wait until ``attempt``'s ranks have written nothing for ``quiet_s`` (they were stopped); return
+    the time of their last line."""
+    async with asyncio.timeout(limit):
+        while True:
+            last = max(e["t"] for e in entries(ledger) if e["attempt"] == attempt)
+            if time.time() - last > quiet_s:
+                return last
+            await asyncio.sleep(0.2)
