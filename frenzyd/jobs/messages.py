@@ -158,21 +158,29 @@ class JobLaunch(Body):
                    body["master_port"], body["start_store"], body["backend"])
 
 
-@message("job.stop", Schema(required={"job_id": str, "attempt": int, "term": int}))
+@message("job.stop", Schema(required={"job_id": str, "attempt": int, "term": int}, optional={"preempt": str}))
 @dataclass(frozen=True, slots=True)
 class JobStop(Body):
-    """Coordinator -> GPU owner (signed): stop the ranks of the job's attempt here."""
+    """Coordinator -> GPU owner (signed): stop the ranks of the job's attempt here.
+
+    ``preempt`` (non-empty: why) makes it a preemption by the scheduler: the ranks get SIGTERM and
+    their grace to checkpoint, and the exit is reported as vacated and ``preempted``, so the job
+    is requeued (not failed) and the stop does not count as a lost attempt."""
 
     job_id: str
     attempt: int
     term: int
+    preempt: str = ""
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt, "term": self.term}
+        body: dict[str, Any] = {"job_id": self.job_id, "attempt": self.attempt, "term": self.term}
+        if self.preempt:
+            body["preempt"] = self.preempt
+        return body
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], body["term"])
+        return cls(body["job_id"], body["attempt"], body["term"], str(body.get("preempt", "")))
 
 
 @message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int}))
@@ -249,7 +257,7 @@ class JobResults(Body):
 
 
 @message("job.exit", Schema(required={"job_id": str, "attempt": int, "term": int, "codes": list, "peer": str},
-                            optional={"record": dict, "vacated": bool, "reason": str}))
+                            optional={"record": dict, "vacated": bool, "reason": str, "preempted": bool}))
 @dataclass(frozen=True, slots=True)
 class JobExit(Body):
     """GPU owner -> submitter and coordinator: this node's ranks of the job exited.
@@ -266,6 +274,8 @@ class JobExit(Body):
     record: JobRecord | None = None
     vacated: bool = False
     reason: str = ""
+    preempted: bool = False
+    """Vacated because the scheduler preempted the attempt (``JobStop.preempt``): not a lost attempt."""
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"job_id": self.job_id, "attempt": self.attempt, "term": self.term,
@@ -273,6 +283,8 @@ class JobExit(Body):
         if self.record is not None:
             body["record"] = self.record.to_dict()
         body.update(vacated=self.vacated, reason=self.reason)
+        if self.preempted:
+            body["preempted"] = True
         return body
 
     @classmethod
@@ -282,7 +294,8 @@ class JobExit(Body):
                       and all(isinstance(x, int) and not isinstance(x, bool) for x in c))
         record = None if body.get("record") is None else JobRecord.from_dict(body["record"])
         return cls(body["job_id"], body["attempt"], body["term"], codes, body["peer"], record,
-                   bool(body.get("vacated", False)), str(body.get("reason", "")))
+                   bool(body.get("vacated", False)), str(body.get("reason", "")),
+                   bool(body.get("preempted", False)))
 
     @property
     def exit_codes(self) -> dict[int, int]:
