@@ -21,6 +21,7 @@ Pure and deterministic: the same inputs give the same list.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -144,7 +145,7 @@ def _bytes_per_gpu(
     return peak + overhead_bytes(gpu_type, peak, setup.world_size) + int(extra * peak)
 
 
-def _overhead_raise(
+def overhead_raise(
     calibration: Calibration | None, gpu_type: str, model: ModelSpec, torch_version: str
 ) -> float:
     """The calibration's raise of the runtime overhead of ``gpu_type``, as a fraction of the tensor peak."""
@@ -152,6 +153,110 @@ def _overhead_raise(
         return 0.0
     c = calibration.correction(gpu_type, model.family, torch_version)
     return c.extra_overhead_fraction if c.applies else 0.0
+
+
+class Budget:
+    """A GPU's memory budget for tensors + overhead (``memory / (1 + headroom)``) that records what it
+    was compared with: every answer of :meth:`fits` stays the same for any budget in
+    ``[fit_max, miss_min)``, so a plan computed under it is the plan for every such budget
+    (``frenzyd.marp.plan_cache`` reuses it there)."""
+
+    __slots__ = ("fit_max", "limit", "miss_min")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.fit_max = -math.inf
+        """The largest byte count that fitted (-inf: none was compared)."""
+        self.miss_min = math.inf
+        """The smallest byte count that did not fit (inf: none was compared)."""
+
+    def fits(self, nbytes: int) -> bool:
+        if nbytes <= self.limit:
+            self.fit_max = max(self.fit_max, nbytes)
+            return True
+        self.miss_min = min(self.miss_min, nbytes)
+        return False
+
+
+def job_shape(setup: TrainingSetup) -> TrainingSetup:
+    """The part of ``setup`` plans depend on (seq_len, dtype, optimizer, recompute, effective global
+    batch), as the one-GPU setup every candidate is derived from."""
+    return replace(setup, micro_batch=1, global_batch=setup.effective_global_batch, dp=1, tp=1, pp=1,
+                   zero=0)
+
+
+def count_plan(
+    model: ModelSpec,
+    job: TrainingSetup,
+    pool: GpuPool,
+    gpus: int,
+    budget: Budget,
+    *,
+    constants: AnalyticConstants = DEFAULT_CONSTANTS,
+    extra: float = 0.0,
+    trainer_only: bool = False,
+) -> Plan | None:
+    """The fastest feasible plan of exactly ``gpus`` GPUs of ``pool``'s type, or None.
+
+    ``job`` is :func:`job_shape`'s; ``extra`` the calibration's raise of the type's overhead.  Depends on
+    ``pool`` only through its type, speed, ``gpus_per_node or count`` and (``gpu_memory_bytes`` of the
+    plan) its memory, and on the memory budget only through ``budget.fits``.
+    """
+    global_batch = job.effective_global_batch
+    per_node = pool.gpus_per_node or pool.count
+    best: Plan | None = None
+    for shape in _shapes(model, gpus, per_node, global_batch):
+        per_dp = global_batch // shape.dp
+        micros = _divisors(per_dp)
+        zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
+        # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
+        # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
+        probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
+        if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra)) and (
+            shape.dp == 1
+            or not budget.fits(_bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants, extra))
+        ):
+            continue
+        for zero in zeros:
+            # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
+            fit: tuple[TrainingSetup, int] | None = None
+            if trainer_only:  # what runs depends on the micro-batch only through grad_accum
+                micros = [m for m in _divisors(per_dp)
+                          if runs(replace(probe, micro_batch=m, zero=zero), model)]
+            lo, hi = 0, len(micros) - 1
+            while lo <= hi:  # memory grows with the micro-batch: binary search
+                mid = (lo + hi) // 2
+                cand = replace(probe, micro_batch=micros[mid], zero=zero)
+                b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra)
+                if budget.fits(b):
+                    fit = (cand, b)
+                    lo = mid + 1
+                else:
+                    hi = mid - 1
+            if fit is None:
+                continue
+            cand, b = fit
+            t = step_time_s(model, cand, pool)
+            if best is None or t < best.step_time_s:
+                best = Plan(
+                    gpu_type=pool.gpu_type,
+                    gpus=gpus,
+                    dp=cand.dp,
+                    tp=cand.tp,
+                    pp=cand.pp,
+                    zero=cand.zero,
+                    micro_batch=cand.micro_batch,
+                    grad_accum=cand.grad_accum,
+                    bytes_per_gpu=b,
+                    gpu_memory_bytes=pool.memory_bytes,
+                    step_time_s=t,
+                )
+    return best
+
+
+def plan_order(p: Plan) -> tuple[float, int, str]:
+    """The order of :func:`feasible_plans`' answer: fastest first, then fewer GPUs, then type name."""
+    return (p.step_time_s, p.gpus, p.gpu_type)
 
 
 def feasible_plans(
@@ -176,67 +281,21 @@ def feasible_plans(
     ``calibration`` raises each type's runtime overhead where its correction
     applies (for the model's family and ``torch_version``).
     Raises ConfigError for an impossible job shape; returns [] when nothing fits.
+    ``frenzyd.marp.plan_cache.cached_feasible_plans`` gives the same answer, reused across calls.
     """
-    global_batch = setup.effective_global_batch
-    job = replace(setup, micro_batch=1, global_batch=global_batch, dp=1, tp=1, pp=1, zero=0)
+    job = job_shape(setup)
     validate(model, job)
     plans: list[Plan] = []
     for pool in pools:
         limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
-        per_node = pool.gpus_per_node or pool.count
-        budget = pool.memory_bytes / (1.0 + headroom)
-        extra = _overhead_raise(calibration, pool.gpu_type, model, torch_version)
+        budget = Budget(pool.memory_bytes / (1.0 + headroom))
+        extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
         for gpus in range(1, limit + 1):
-            best: Plan | None = None
-            for shape in _shapes(model, gpus, per_node, global_batch):
-                per_dp = global_batch // shape.dp
-                micros = _divisors(per_dp)
-                zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
-                # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
-                # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
-                probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
-                if _bytes_per_gpu(model, probe, pool.gpu_type, constants, extra) > budget and (
-                    shape.dp == 1
-                    or _bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants, extra) > budget
-                ):
-                    continue
-                for zero in zeros:
-                    # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
-                    fit: tuple[TrainingSetup, int] | None = None
-                    if trainer_only:  # what runs depends on the micro-batch only through grad_accum
-                        micros = [m for m in _divisors(per_dp)
-                                  if runs(replace(probe, micro_batch=m, zero=zero), model)]
-                    lo, hi = 0, len(micros) - 1
-                    while lo <= hi:  # memory grows with the micro-batch: binary search
-                        mid = (lo + hi) // 2
-                        cand = replace(probe, micro_batch=micros[mid], zero=zero)
-                        b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra)
-                        if b <= budget:
-                            fit = (cand, b)
-                            lo = mid + 1
-                        else:
-                            hi = mid - 1
-                    if fit is None:
-                        continue
-                    cand, b = fit
-                    t = step_time_s(model, cand, pool)
-                    if best is None or t < best.step_time_s:
-                        best = Plan(
-                            gpu_type=pool.gpu_type,
-                            gpus=gpus,
-                            dp=cand.dp,
-                            tp=cand.tp,
-                            pp=cand.pp,
-                            zero=cand.zero,
-                            micro_batch=cand.micro_batch,
-                            grad_accum=cand.grad_accum,
-                            bytes_per_gpu=b,
-                            gpu_memory_bytes=pool.memory_bytes,
-                            step_time_s=t,
-                        )
+            best = count_plan(model, job, pool, gpus, budget, constants=constants, extra=extra,
+                              trainer_only=trainer_only)
             if best is not None:
                 plans.append(best)
-    plans.sort(key=lambda p: (p.step_time_s, p.gpus, p.gpu_type))
+    plans.sort(key=plan_order)
     return plans
 
 
@@ -287,7 +346,7 @@ def require_plans(
     most = max(p.count for p in pools) if max_gpus is None else min(max_gpus, max(p.count for p in pools))
     need = min_bytes_per_gpu(model, setup, most)
     largest = max(pools, key=lambda p: p.memory_bytes)
-    extra = _overhead_raise(calibration, largest.gpu_type, model, torch_version)
+    extra = overhead_raise(calibration, largest.gpu_type, model, torch_version)
     need_total = need + overhead_bytes(largest.gpu_type, need, most) + int(extra * need)
     raise InfeasibleError(
         f"{model.name} needs at least {need_total * (1 + headroom) / GIB:.1f} GiB per GPU with the most "

@@ -1,0 +1,240 @@
+"""MARP's feasible plans reused across calls: a bounded cache keyed by exactly what the plans depend on.
+
+``cached_feasible_plans`` answers what :func:`frenzyd.marp.plans.feasible_plans` answers (the same
+list, element for element) and is what the coordinator calls for every queued job on every tick.
+
+What a plan depends on (``plans.count_plan``), and so the key:
+
+* per job: the model's config (its ``ModelSpec`` without the name, which only error messages use),
+  the job shape (``plans.job_shape``: seq_len, dtype, optimizer, recompute, effective global batch),
+  ``trainer_only`` and the analytic constants;
+* per GPU type: the type, its speed, ``gpus_per_node or count`` (tensor parallelism inside one peer,
+  and whether a plan spans peers), the calibration's overhead raise for the type;
+* the memory budget ``memory_bytes / (1 + headroom)``, through the byte counts it was compared with:
+  a type's plans computed under one budget are the plans under every budget in
+  ``[largest byte count that fitted, smallest that did not)`` (``plans.Budget``), so a peer whose
+  free memory moves by a few MiB does not recompute anything.  ``gpu_memory_bytes`` of the plans is
+  stamped with the caller's memory;
+* the GPU count only as a bound: the plan of ``n`` GPUs does not depend on how many more there are
+  (when ``gpus_per_node`` is given), so the plans for up to ``N`` GPUs answer every bound ``<= N``
+  and a larger bound computes only the counts past ``N``.
+
+Peer identities, which peers hold the GPUs and anything else of the offer are not part of it.
+
+Bounded: at most ``maxsize`` job shapes (least recently used evicted), each with at most
+``TYPES_PER_JOB`` per-type entries and ``BUDGETS_PER_TYPE`` budget intervals per entry.
+Safe to call from several threads without a lock: every mapping operation is a single atomic
+operation under the GIL and entries are immutable, so a race costs a recomputation, never a wrong
+answer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from frenzyd.marp.analytic import DEFAULT_CONSTANTS, AnalyticConstants
+from frenzyd.marp.calibration import Calibration
+from frenzyd.marp.plans import (
+    CALIBRATED_TORCH,
+    DEFAULT_HEADROOM,
+    Budget,
+    count_plan,
+    feasible_plans,
+    job_shape,
+    overhead_raise,
+    plan_order,
+)
+from frenzyd.marp.spec import GpuPool, ModelSpec, Plan, TrainingSetup
+from frenzyd.marp.validate import validate
+
+DEFAULT_MAXSIZE = 1024
+"""Job shapes kept (a lab's queue repeats a few models and shapes; each shape holds its types' plans,
+typically tens of KiB)."""
+TYPES_PER_JOB = 64
+"""Per-type entries kept per job shape (type x speed x per-node bound x calibration raise)."""
+BUDGETS_PER_TYPE = 4
+"""Budget intervals kept per type entry (e.g. total memory and today's smallest free memory)."""
+
+_JobKey = tuple[ModelSpec, TrainingSetup, bool, AnalyticConstants]
+_TypeKey = tuple[str, float, int, bool, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One GPU type's plans for one job shape, for 1..``bound`` GPUs, valid for budgets in
+    ``[fit_max, miss_min)``; ascending GPU count."""
+
+    fit_max: float
+    miss_min: float
+    bound: int
+    memory_bytes: int
+    counts: tuple[int, ...]
+    plans: tuple[Plan, ...]
+
+    def holds(self, budget: float) -> bool:
+        return self.fit_max <= budget < self.miss_min
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters since the cache was made (or ``clear``)."""
+
+    hits: int
+    """Per-type answers taken whole from the cache."""
+    misses: int
+    """Per-type answers computed (no entry held the budget), or extended past a cached bound."""
+    counts_computed: int
+    """GPU counts enumerated (``plans.count_plan`` calls): the work done."""
+    job_shapes: int
+    """Job shapes held now."""
+
+
+class PlanCache:
+    """A bounded cache of feasible plans; ``maxsize=0`` disables it (every call enumerates afresh)."""
+
+    def __init__(self, maxsize: int = DEFAULT_MAXSIZE) -> None:
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0 (0 disables the cache), got {maxsize}")
+        self.maxsize = maxsize
+        self._jobs: OrderedDict[_JobKey, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
+        self._hits = self._misses = self._counts = 0
+
+    def stats(self) -> CacheStats:
+        return CacheStats(self._hits, self._misses, self._counts, len(self._jobs))
+
+    def clear(self) -> None:
+        self._jobs.clear()
+        self._hits = self._misses = self._counts = 0
+
+    def feasible_plans(
+        self,
+        model: ModelSpec,
+        setup: TrainingSetup,
+        pools: Sequence[GpuPool],
+        *,
+        headroom: float = DEFAULT_HEADROOM,
+        max_gpus: int | None = None,
+        constants: AnalyticConstants = DEFAULT_CONSTANTS,
+        calibration: Calibration | None = None,
+        torch_version: str = CALIBRATED_TORCH,
+        trainer_only: bool = False,
+    ) -> list[Plan]:
+        """Exactly :func:`frenzyd.marp.plans.feasible_plans`' answer (same arguments, same errors)."""
+        if self.maxsize == 0:
+            return feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus,
+                                  constants=constants, calibration=calibration,
+                                  torch_version=torch_version, trainer_only=trainer_only)
+        job = job_shape(setup)
+        validate(model, job)
+        jkey: _JobKey = (replace(model, name=""), job, trainer_only, constants)
+        types = self._jobs.get(jkey)
+        if types is None:
+            types = {}
+            self._jobs[jkey] = types
+            while len(self._jobs) > self.maxsize:
+                try:
+                    self._jobs.popitem(last=False)
+                except KeyError:  # emptied by another thread
+                    break
+        else:
+            with contextlib.suppress(KeyError):  # evicted by another thread: `types` still answers
+                self._jobs.move_to_end(jkey)
+        plans: list[Plan] = []
+        for pool in pools:
+            limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
+            extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
+            plans.extend(self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
+                                          constants=constants, extra=extra, trainer_only=trainer_only))
+        plans.sort(key=plan_order)
+        return plans
+
+    def _type_plans(
+        self, types: dict[_TypeKey, tuple[_Entry, ...]], pool: GpuPool, limit: int, *, model: ModelSpec,
+        job: TrainingSetup, headroom: float, constants: AnalyticConstants, extra: float, trainer_only: bool,
+    ) -> Sequence[Plan]:
+        if limit < 1:
+            return ()
+        # Without gpus_per_node the count is also the per-peer bound: it is then part of the key.
+        per_node = pool.gpus_per_node or pool.count
+        tkey: _TypeKey = (pool.gpu_type, pool.speed, per_node, not pool.gpus_per_node, extra)
+        budget = pool.memory_bytes / (1.0 + headroom)
+        entries = types.get(tkey, ())
+        found = next((e for e in entries if e.holds(budget) and e.memory_bytes == pool.memory_bytes), None)
+        if found is None:
+            found = next((e for e in entries if e.holds(budget)), None)
+            if found is not None:  # same plans, another memory figure to show
+                found = replace(found, memory_bytes=pool.memory_bytes,
+                                plans=tuple(replace(p, gpu_memory_bytes=pool.memory_bytes)
+                                            for p in found.plans))
+                self._store(types, tkey, entries, None, found)
+        if found is not None and found.bound >= limit:
+            self._hits += 1
+            return found.plans[: bisect.bisect_right(found.counts, limit)]
+        self._misses += 1
+        rec = Budget(budget)
+        first = 1 if found is None else found.bound + 1
+        new = []
+        for gpus in range(first, limit + 1):
+            p = count_plan(model, job, pool, gpus, rec, constants=constants, extra=extra,
+                           trainer_only=trainer_only)
+            if p is not None:
+                new.append(p)
+        self._counts += limit - first + 1
+        if found is None:
+            entry = _Entry(rec.fit_max, rec.miss_min, limit, pool.memory_bytes,
+                           tuple(p.gpus for p in new), tuple(new))
+        else:  # extended past its bound: valid where both the old and the new comparisons agree
+            entry = _Entry(max(found.fit_max, rec.fit_max), min(found.miss_min, rec.miss_min), limit,
+                           pool.memory_bytes, found.counts + tuple(p.gpus for p in new),
+                           found.plans + tuple(new))
+        self._store(types, tkey, entries, found, entry)
+        return entry.plans
+
+    @staticmethod
+    def _store(types: dict[_TypeKey, tuple[_Entry, ...]], tkey: _TypeKey, entries: tuple[_Entry, ...],
+               old: _Entry | None, entry: _Entry) -> None:
+        kept = tuple(e for e in entries if e is not old)[: BUDGETS_PER_TYPE - 1]
+        types.pop(tkey, None)
+        types[tkey] = (entry, *kept)
+        while len(types) > TYPES_PER_JOB:
+            try:
+                del types[next(iter(types))]
+            except (KeyError, RuntimeError, StopIteration):  # changed by another thread
+                break
+
+
+_default = PlanCache()
+
+
+def default_cache() -> PlanCache:
+    """The process's plan cache (what ``cached_feasible_plans`` uses)."""
+    return _default
+
+
+def set_default_cache(cache: PlanCache) -> PlanCache:
+    """Make ``cache`` the process's plan cache (``PlanCache(0)``: none); returns the previous one."""
+    global _default
+    old, _default = _default, cache
+    return old
+
+
+def cached_feasible_plans(
+    model: ModelSpec,
+    setup: TrainingSetup,
+    pools: Sequence[GpuPool],
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    max_gpus: int | None = None,
+    constants: AnalyticConstants = DEFAULT_CONSTANTS,
+    calibration: Calibration | None = None,
+    torch_version: str = CALIBRATED_TORCH,
+    trainer_only: bool = False,
+) -> list[Plan]:
+    """:func:`frenzyd.marp.plans.feasible_plans`, answered from the process's plan cache."""
+    return _default.feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus,
+                                   constants=constants, calibration=calibration,
+                                   torch_version=torch_version, trainer_only=trainer_only)
