@@ -268,7 +268,7 @@ def marp_plans(
 ) -> list[JobPlan]:
     """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types; for a
     built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``)."""
-    from frenzyd.marp.plans import feasible_plans
+    from frenzyd.marp.plan_cache import cached_feasible_plans
     from frenzyd.marp.spec import GpuPool, TrainingSetup
 
     model = job_model(spec)
@@ -294,7 +294,7 @@ def marp_plans(
     ]
     if not pools:
         return []
-    plans = feasible_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
+    plans = cached_feasible_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
     return [
         JobPlan(gpu_type=pl.gpu_type, gpus=pl.gpus, dp=pl.dp, tp=pl.tp, pp=pl.pp, zero=pl.zero,
                 micro_batch=pl.micro_batch, grad_accum=pl.grad_accum, bytes_per_gpu=pl.bytes_per_gpu,
