@@ -60,11 +60,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(_amain(args.config))
     except FrenzyError as exc:
-        print(f"frenzyd: error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG if isinstance(exc, ValueError) else EXIT_ERROR
+        return _report(exc)
+    except BaseExceptionGroup as group:
+        # Raised inside the daemon's task group: our errors get one line each, no traceback.
+        leaves = _leaves(group)
+        if not all(isinstance(exc, FrenzyError) for exc in leaves):
+            raise
+        return max(_report(exc) for exc in leaves if isinstance(exc, FrenzyError))
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # the environment refused something at start (a directory, a file)
+        logging.getLogger("frenzyd").debug("start-up failed", exc_info=True)
+        print(f"frenzyd: error: {exc} (run with -v for the traceback)", file=sys.stderr)
+        return EXIT_ERROR
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def _report(exc: FrenzyError) -> int:
+    print(f"frenzyd: error: {exc}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(exc, ValueError) else EXIT_ERROR
 
 
 if __name__ == "__main__":

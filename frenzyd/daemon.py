@@ -36,7 +36,7 @@ from frenzyd.net.election import Change, ElectionState
 from frenzyd.net.network import PeerNetwork
 from frenzyd.net.wire import Body
 from frenzyd.node import launcher as launcher_mod
-from frenzyd.node.inventory import GpuInfo, Inventory, open_backend
+from frenzyd.node.inventory import Inventory, open_backend, withheld_reason
 from frenzyd.node.launcher import Launcher, RankSpec
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,16 @@ class Daemon:
     # --- views over the parts -----------------------------------------------------------------
 
     def _gpus(self) -> list[dict[str, Any]]:
+        """This node's GPUs for its reports: the inventory's fields, ``offered`` and, when not
+        offered, the ``reason`` (owner protection, an NVML answer it cannot trust, MIG)."""
         assert self.inventory is not None
-        gpus = self.inventory.last
         owner = self.config.owner
-        offered = {g.uuid for g in self.inventory.offerable(gpus, 0, owner.min_free_fraction)}
-        if not owner.protect_foreign_processes:
-            offered |= {g.uuid for g in gpus}
-        return [_gpu_dict(g, g.uuid in offered) for g in gpus]
+        out = []
+        for g in self.inventory.last:
+            reason = withheld_reason(g, 0, owner.min_free_fraction,
+                                     protect_owner=owner.protect_foreign_processes)
+            out.append({**g.to_json(), "offered": reason is None, "reason": reason})
+        return out
 
     def _self_report(self) -> dict[str, Any]:
         assert self.orch is not None
@@ -185,7 +188,8 @@ class Daemon:
         self.launcher = Launcher(self.data_dir, cfg.launcher.run_as, cfg.launcher.rendezvous_ports,
                                  cfg.launcher.term_grace_s, lease_s=cfg.timing.lease_timeout_s)
         self.launcher.reap_leftovers()
-        self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids)
+        self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids,
+                                   cfg.owner.ignore_processes)
         await self.inventory.refresh()
         term = self._load_term()
         election = ElectionState(self.node_id, cfg.node.priority, started_at=time.monotonic(),
@@ -210,6 +214,7 @@ class Daemon:
             max_payload_bytes=cfg.launcher.max_payload_bytes, max_result_bytes=cfg.launcher.max_result_bytes,
             heartbeat_s=cfg.timing.heartbeat_s, lease_timeout_s=cfg.timing.lease_timeout_s,
             retention_s=cfg.jobs.retention_s, unplaceable_after_s=cfg.jobs.unplaceable_after_s,
+            min_run_s=cfg.jobs.min_run_s,
             socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
         )
         for kind, handler in self.orch.handlers().items():
@@ -227,8 +232,20 @@ class Daemon:
         orch_stop = asyncio.Event()
         discovery: Any = None
         try:
+            # Bind every port before the task group (an error in its body would come out wrapped in an
+            # ExceptionGroup) and before mDNS announces this node: a node that dies on a taken port
+            # must not have told the pool it exists.
+            await net.start()  # ConfigError naming [network] listen when the port is taken
+            self.web = WebServer(build_web_app(self.status, self.metrics), cfg.web.listen.host,
+                                 cfg.web.listen.port)
+            await _bind(self.web.start, "the status page", str(cfg.web.listen), "[web] listen",
+                        "FRENZY_WEB_LISTEN")
             async with asyncio.TaskGroup() as tg:
-                await net.start()
+                orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
+                inv_task = tg.create_task(self._inventory_loop(), name="inventory")
+                self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status)
+                await _bind(self.client_api.start, "the client API", cfg.client.listen, "[client] listen",
+                            "FRENZY_CLIENT_LISTEN")
                 if cfg.network.mdns:
                     from frenzyd.net.discovery import Discovery
 
@@ -236,13 +253,6 @@ class Daemon:
                     discovery = Discovery(cfg, self.creds, net.port,
                                           lambda addr, hints: net.add_address(addr, hints, "mdns"))
                     await discovery.start()
-                orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
-                inv_task = tg.create_task(self._inventory_loop(), name="inventory")
-                self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status)
-                await self.client_api.start()
-                self.web = WebServer(build_web_app(self.status, self.metrics), cfg.web.listen.host,
-                                     cfg.web.listen.port)
-                await self.web.start()
                 log.info("frenzyd %s (%s) ready: peers %s, client %s, web http://%s:%d/, %d GPU(s)%s",
                          self.creds.node_name, self.node_id[:12], net.address, self.client_api.address,
                          cfg.web.listen.host, self.web.port, len(self.inventory.last),
@@ -319,10 +329,17 @@ class Daemon:
             self.orch.wake()
 
 
-def _gpu_dict(g: GpuInfo, offered: bool) -> dict[str, Any]:
-    return {"uuid": g.uuid, "index": g.index, "type": g.type, "memory_bytes": g.memory_bytes,
-            "free_bytes": g.free_bytes, "utilization": g.utilization, "simulated": g.simulated,
-            "offered": offered, "foreign_processes": g.foreign_processes}
+async def _bind(start: Callable[[], Awaitable[Any]], what: str, address: str, key: str, env: str) -> None:
+    """Run a server's ``start``; a port or socket it cannot take becomes one ConfigError naming the
+    config key to change (instead of an OSError traceback)."""
+    try:
+        await start()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve {what} on {address}: {os.strerror(exc.errno) if exc.errno else exc}; another "
+            "process (another frenzyd?) "
+            f"holds it: change {key} (or {env}) or stop that process"
+        ) from exc
 
 
 async def run_daemon(config: Config, stop: asyncio.Event) -> None:

@@ -1,9 +1,16 @@
 """GPU inventory: NVML per GPU by UUID (or declared simulated devices), and owner protection.
 
 The only module that imports ``pynvml``.  Every NVML call is blocking, so
-:class:`Inventory` runs snapshots on a worker thread.  Any ``NVMLError`` at start
-means no real GPUs: :func:`open_backend` then falls back to the devices the
-config declares, marked ``simulated`` wherever they appear.
+:class:`Inventory` runs snapshots on a worker thread.  Any NVML failure at start
+(no library, no driver, no permission, a driver/library or nvidia-ml-py mismatch)
+means no real GPUs: :func:`open_backend` logs what is wrong and how to fix it, then
+falls back to the devices the config declares, marked ``simulated`` wherever they appear.
+
+Owner protection is conservative: a GPU is offered only when NVML positively says
+that nothing but Frenzy's ranks and allow-listed processes (``[owner] ignore_processes``,
+display servers by default) run on it.  A process query answering NOT_SUPPORTED, or
+anything else NVML cannot answer, withholds the GPU with the reason shown
+(:func:`withheld_reason`).  MIG instances are devices of their own.
 """
 
 from __future__ import annotations
@@ -12,20 +19,58 @@ import abc
 import asyncio
 import contextlib
 import logging
+import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any, Final, Protocol
 
+from frenzyd.config import DEFAULT_IGNORE_PROCESSES
 from frenzyd.errors import ConfigError, InventoryError
 from frenzyd.gpu_types import GIB, canonical_type, type_info
 
 log = logging.getLogger(__name__)
 
+MIG_NOT_LAUNCHABLE: Final = (
+    "MIG instance: shown, not offered (the launcher addresses GPUs by index; MIG needs "
+    "CUDA_VISIBLE_DEVICES=MIG-UUID)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One compute or graphics process NVML lists on a GPU."""
+
+    pid: int
+    used_bytes: int | None = None
+    """GPU memory it holds; None when NVML does not say (another user's process, WDDM, MIG)."""
+    name: str | None = None
+    """Executable name (basename); None when it cannot be read (another user, hidden /proc)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    """Where a MIG instance lives: its parent GPU and its GPU/compute instance ids."""
+
+    parent_uuid: str
+    parent_index: int
+    gpu_instance: int | None
+    compute_instance: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parent_uuid": self.parent_uuid, "parent_index": self.parent_index,
+                "gpu_instance": self.gpu_instance, "compute_instance": self.compute_instance}
+
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """One GPU as seen now.  ``foreign_processes`` counts processes on it that are not Frenzy's."""
+    """One GPU (or MIG instance) as seen now.
+
+    ``foreign_processes`` counts processes on it that are neither Frenzy's nor allow-listed;
+    ``unknown`` says why NVML could not tell who uses it (then it is never offered).
+    """
 
     uuid: str
     index: int
@@ -38,9 +83,26 @@ class GpuInfo:
     foreign_processes: int = 0
     pids: tuple[int, ...] = ()
     """Every compute/graphics process on the GPU (Frenzy's own included)."""
+    processes: tuple[GpuProcess, ...] = ()
+    """The same processes with what NVML knows of them (backends fill it; may be empty)."""
+    unknown: str | None = None
+    """Why the processes on it could not be listed (NVML answered NOT_SUPPORTED, ...); None = listed."""
+    ignored: tuple[str, ...] = ()
+    """Names of the allow-listed processes on it (a desktop session), filled by :class:`Inventory`."""
+    ignored_bytes: int = 0
+    """GPU memory the allow-listed processes hold (subtracted from ``free_bytes``)."""
+    owner_processes: tuple[GpuProcess, ...] = ()
+    """The processes counted in ``foreign_processes`` (filled by :class:`Inventory`)."""
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    mig: MigInfo | None = None
+    withheld: str | None = None
+    """A reason the backend already knows not to offer it (MIG, a query that failed)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The GPU as the status JSON of DESIGN.md §6 shows it (``leased_to`` is added by the caller)."""
+        """The GPU as the status JSON of DESIGN.md §6 shows it (``offered``, ``reason`` and
+        ``leased_to`` are added by the caller)."""
         return {
             "uuid": self.uuid,
             "index": self.index,
@@ -50,6 +112,13 @@ class GpuInfo:
             "utilization": self.utilization,
             "simulated": self.simulated,
             "foreign_processes": self.foreign_processes,
+            "ignored_processes": list(self.ignored),
+            "ignored_bytes": self.ignored_bytes,
+            "processes_known": self.unknown is None,
+            "compute_capability": self.compute_capability,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "mig": None if self.mig is None else self.mig.to_json(),
         }
 
 
@@ -108,99 +177,390 @@ class DeclaredBackend(GpuBackend):
         return list(self._gpus)
 
 
+# --- NVML ------------------------------------------------------------------------------------
+
+
+def read_proc_comm(pid: int) -> str | None:
+    """The executable name of ``pid`` from /proc (None when it is gone or hidden from us)."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _installed_nvml_py() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def init_failure_message(nv: ModuleType, exc: BaseException) -> str:
+    """What an NVML failure at start means and what to do, for the log (never raises)."""
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+    if mismatch is not None and isinstance(exc, mismatch):
+        return (f"nvidia-ml-py {_installed_nvml_py()} does not match the driver's NVML library ({exc}): "
+                "install the nvidia-ml-py release of the driver's major version, e.g. "
+                "pip install 'nvidia-ml-py==<driver major>.*'")
+    name = type(exc).__name__
+    hints = {
+        "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 not found: no NVIDIA driver is installed",
+        "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded (does nvidia-smi work?)",
+        "NVMLError_NoPermission": "no permission to open /dev/nvidia*: add the daemon's user to the "
+                                  "group that owns them (often 'video') or fix the device permissions",
+        "NVMLError_LibRmVersionMismatch": "the NVML library and the loaded kernel driver differ (driver "
+                                          "upgraded without a reboot?): reboot or reload the nvidia modules",
+        "NVMLError_FunctionNotFound": f"nvidia-ml-py {_installed_nvml_py()} calls a function the driver's "
+                                      "NVML lacks: install the nvidia-ml-py release matching the driver",
+        "NVMLError_InsufficientPower": "a GPU lacks external power: check its power cables",
+        "NVMLError_GpuIsLost": "a GPU fell off the bus: check dmesg and reset or reboot",
+        "NVMLError_ResetRequired": "a GPU needs a reset (nvidia-smi -r) or a reboot",
+        "NVMLError_CorruptedInforom": "a GPU's infoROM is corrupted: check nvidia-smi -q and the vendor",
+        "NVMLError_Uninitialized": "NVML was used before it started (a bug: please report it)",
+    }
+    return f"NVML unavailable: {hints.get(name, f'{name}: {exc}')}"
+
+
 class NvmlBackend(GpuBackend):
-    """Real GPUs through NVML.  Construction calls ``nvmlInit`` and raises InventoryError on failure."""
+    """Real GPUs through NVML.  Construction calls ``nvmlInit`` and raises InventoryError on failure.
 
-    def __init__(self) -> None:
-        import pynvml
+    ``nvml`` is the ``pynvml`` module (injected by tests); ``process_name`` names a pid when NVML
+    cannot (default: /proc/PID/comm).
+    """
 
-        self._nvml = pynvml
+    def __init__(
+        self, nvml: ModuleType | None = None, *, process_name: Callable[[int], str | None] = read_proc_comm
+    ) -> None:
+        if nvml is None:
+            try:
+                import pynvml as nvml_mod
+            except ImportError as exc:
+                raise InventoryError("NVML unavailable: the nvidia-ml-py package is not installed "
+                                     "(pip install nvidia-ml-py)") from exc
+            nvml = nvml_mod
+        self._nvml: ModuleType = nvml
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        # Not an NVMLError subclass: catching NVMLError alone let it crash the daemon at start.
+        self._mismatch: type[BaseException] | None = mismatch if isinstance(mismatch, type) else None
+        self._errors: tuple[type[BaseException], ...] = tuple(
+            e for e in (getattr(nvml, "NVMLError", None), self._mismatch) if isinstance(e, type)
+        )
+        self._errors_or_missing: tuple[type[BaseException], ...] = (*self._errors, AttributeError)
+        self._process_name = process_name
         self._lock = threading.Lock()
+        self._uuids: dict[int, str] = {}
+        self._seen: dict[str, GpuInfo] = {}
+        """The last good reading of each GPU, kept for a GPU NVML later fails on (shown withheld)."""
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            raise InventoryError(f"NVML unavailable ({exc}); declared devices will be used") from exc
+            nvml.nvmlInit()
+        except self._errors as exc:
+            raise InventoryError(init_failure_message(nvml, exc)) from exc
+        self.driver_version = self._optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
+        self.cuda_driver_version = self._optional(self._cuda_version)
+
+    def _optional(self, read: Callable[[], str]) -> str | None:
+        try:
+            return read()
+        except self._errors:
+            return None
+
+    def _instance_id(self, read: Callable[[Any], Any], handle: Any) -> int | None:
+        try:
+            return int(read(handle))
+        except self._errors:
+            return None
+
+    def _cuda_version(self) -> str:
+        v = int(self._nvml.nvmlSystemGetCudaDriverVersion())
+        return f"{v // 1000}.{v % 1000 // 10}"
 
     def snapshot(self) -> list[GpuInfo]:
         nv = self._nvml
         with self._lock:
             try:
-                return [self._one(i) for i in range(nv.nvmlDeviceGetCount())]
-            except nv.NVMLError as exc:
+                count = int(nv.nvmlDeviceGetCount())
+            except self._errors as exc:
                 raise InventoryError(f"NVML query failed: {exc}") from exc
+            out: list[GpuInfo] = []
+            for i in range(count):
+                out.extend(self._device(i))
+            return out
 
-    def _one(self, index: int) -> GpuInfo:
+    def _device(self, index: int) -> list[GpuInfo]:
+        """The GPU at ``index``, or its MIG instances; a GPU NVML fails on is withheld, not dropped."""
         nv = self._nvml
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
-        name = nv.nvmlDeviceGetName(handle)
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        uuid = nv.nvmlDeviceGetUUID(handle)
-        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            self._uuids[index] = uuid
+        except self._errors as exc:
+            known = self._seen.get(self._uuids.get(index, ""))
+            if known is None:
+                log.warning("GPU %d: NVML cannot identify it (%s); it is not offered", index, exc)
+                return []
+            return [replace(known, free_bytes=0, utilization=0.0, withheld=f"NVML query failed: {exc}")]
+        try:
+            cc = nv.nvmlDeviceGetCudaComputeCapability(handle)
+            capability: str | None = f"{int(cc[0])}.{int(cc[1])}"
+        except self._errors:
+            capability = None
+        try:
+            mig_mode = int(nv.nvmlDeviceGetMigMode(handle)[0])
+        except self._errors_or_missing:  # NOT_SUPPORTED without MIG; a pynvml without MIG calls
+            mig_mode = 0
+        if mig_mode == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)):
+            migs = self._mig_devices(handle, index, uuid, capability)
+            if migs:
+                return migs
+            base = self._info(handle, index, uuid, capability, None)
+            return [replace(base, withheld=base.withheld or "MIG is enabled but no instance exists: create "
+                            "instances (nvidia-smi mig -cgi PROFILES -C) or disable MIG")]
+        return [self._info(handle, index, uuid, capability, None)]
+
+    def _mig_devices(
+        self, parent: Any, index: int, parent_uuid: str, capability: str | None
+    ) -> list[GpuInfo]:
+        nv = self._nvml
+        out = []
+        try:
+            slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(parent))
+            parent_type = canonical_type(_text(nv.nvmlDeviceGetName(parent)),
+                                         int(nv.nvmlDeviceGetMemoryInfo(parent).total))
+        except self._errors:
+            return []
+        for slot in range(slots):
+            try:
+                h = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+                uuid = _text(nv.nvmlDeviceGetUUID(h))
+            except self._errors:  # NOT_FOUND: an empty slot
+                continue
+            mig = MigInfo(parent_uuid, index, self._instance_id(nv.nvmlDeviceGetGpuInstanceId, h),
+                          self._instance_id(nv.nvmlDeviceGetComputeInstanceId, h))
+            info = self._info(h, index, uuid, capability, mig, parent_type=parent_type)
+            out.append(replace(info, withheld=info.withheld or MIG_NOT_LAUNCHABLE))
+        return out
+
+    def _info(
+        self, handle: Any, index: int, uuid: str, capability: str | None, mig: MigInfo | None = None,
+        *, parent_type: str | None = None,
+    ) -> GpuInfo:
+        """One device; a MIG slice is typed ``PARENT-MIG-PROFILE`` (e.g. ``A100-40GB-MIG-3g.20gb``):
+        it has neither its parent's memory nor its speed."""
+        nv = self._nvml
+        try:
+            name = _text(nv.nvmlDeviceGetName(handle))
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            total, free = int(mem.total), int(mem.free)
+        except self._errors as exc:
+            reason = f"NVML cannot read its name or memory ({exc})"
+            known = self._seen.get(uuid)
+            if known is not None:
+                return replace(known, free_bytes=0, utilization=0.0, withheld=reason)
+            return GpuInfo(uuid, index, "unknown-gpu", 0, 0, 0.0, False, withheld=reason,
+                           compute_capability=capability, driver_version=self.driver_version,
+                           cuda_driver_version=self.cuda_driver_version, mig=mig)
         try:
             util = nv.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-        except nv.NVMLError:
+        except self._errors:  # NOT_SUPPORTED on MIG instances and some boards: no load figure
             util = 0.0
-        pids: set[int] = set()
-        for getter in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
-            try:
-                pids.update(int(p.pid) for p in getter(handle))
-            except nv.NVMLError:
-                continue
-        return GpuInfo(
-            uuid=uuid,
-            index=index,
-            type=canonical_type(name, int(mem.total)),
-            memory_bytes=int(mem.total),
-            free_bytes=int(mem.free),
-            utilization=util,
-            simulated=False,
-            pids=tuple(sorted(pids)),
+        procs, unknown = self._processes(handle)
+        gtype = canonical_type(name, total)
+        if parent_type is not None:
+            m = re.search(r"\bMIG\s+(\S+)", name)
+            gtype = f"{parent_type}-MIG-{m.group(1) if m else f'{total // GIB}gb'}"
+        info = GpuInfo(
+            uuid=uuid, index=index, type=gtype, memory_bytes=total, free_bytes=free,
+            utilization=util, simulated=False, pids=tuple(p.pid for p in procs), processes=procs,
+            unknown=unknown, compute_capability=capability, driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_driver_version, mig=mig,
         )
+        self._seen[uuid] = info
+        return info
+
+    def _processes(self, handle: Any) -> tuple[tuple[GpuProcess, ...], str | None]:
+        """Every compute and graphics process, and why the list is incomplete (None = complete).
+
+        Conservative: any answer other than a list (NOT_SUPPORTED, NO_PERMISSION, a function the
+        driver lacks, a malformed entry) makes the list unknown, which withholds the GPU.
+        """
+        nv = self._nvml
+        by_pid: dict[int, GpuProcess] = {}
+        problems: list[str] = []
+        for kind in ("compute", "graphics"):
+            entries: list[Any] | None = None
+            err = "this pynvml has no call to list them"
+            # The unversioned call raises NVMLLibraryMismatchError when the driver's NVML lacks the
+            # newest struct version; the _v2 call then still works on older drivers.
+            for suffix in ("", "_v2"):
+                getter = getattr(nv, f"nvmlDeviceGet{kind.title()}RunningProcesses{suffix}", None)
+                if getter is None:
+                    continue
+                try:
+                    entries = list(getter(handle))
+                    break
+                except self._errors as exc:
+                    err = self._describe(exc)
+                    if not self._is_mismatch(exc):
+                        break
+            if entries is None:
+                problems.append(f"{kind} processes: {err}")
+                continue
+            for e in entries:
+                try:
+                    pid = int(e.pid)
+                    used = getattr(e, "usedGpuMemory", None)
+                    used_bytes = None if used is None else int(used)
+                except (AttributeError, TypeError, ValueError):
+                    problems.append(f"{kind} processes: NVML returned an unreadable entry")
+                    continue
+                old = by_pid.get(pid)
+                if old is not None and old.used_bytes is not None:
+                    used_bytes = max(old.used_bytes, used_bytes or 0)
+                by_pid[pid] = GpuProcess(pid, used_bytes, old.name if old else self._name(pid))
+        unknown = "; ".join(problems) if problems else None
+        return tuple(by_pid[p] for p in sorted(by_pid)), unknown
+
+    def _is_mismatch(self, exc: BaseException) -> bool:
+        return self._mismatch is not None and isinstance(exc, self._mismatch)
+
+    def _describe(self, exc: BaseException) -> str:
+        if self._is_mismatch(exc):
+            return f"nvidia-ml-py {_installed_nvml_py()} does not match the driver's NVML"
+        return f"NVML answered {exc}"
+
+    def _name(self, pid: int) -> str | None:
+        try:
+            name = _text(self._nvml.nvmlSystemGetProcessName(pid)).strip()
+        except self._errors_or_missing:
+            name = ""
+        name = name or (self._process_name(pid) or "").strip()
+        return os.path.basename(name.split()[0]) if name else None
 
     def close(self) -> None:
-        with contextlib.suppress(self._nvml.NVMLError):
+        with contextlib.suppress(*self._errors):
             self._nvml.nvmlShutdown()
 
 
-def open_backend(devices: Sequence[DeviceDeclaration], node_name: str) -> GpuBackend:
+def open_backend(
+    devices: Sequence[DeviceDeclaration], node_name: str, *, nvml: ModuleType | None = None,
+    process_name: Callable[[int], str | None] = read_proc_comm,
+) -> GpuBackend:
     """NVML when it initialises and sees at least one GPU, else the declared devices.
 
-    Any NVML error (no library, no driver, ...) is logged once and means the
-    declared devices; a bad declaration raises :class:`ConfigError`.
+    Every NVML failure (no library, no driver, no permission, a version mismatch, ...) is logged
+    once with what to do and means the declared devices; a bad declaration raises
+    :class:`ConfigError`.  ``nvml`` replaces the ``pynvml`` module (tests).
     """
     declared = DeclaredBackend(devices, node_name)  # validate the config even when NVML works
+    n = len(declared.snapshot())
     try:
-        backend = NvmlBackend()
-        if backend.snapshot():
-            return backend
-        backend.close()
-        log.info("NVML sees no GPU; offering %d declared simulated device(s)", len(declared.snapshot()))
+        backend = NvmlBackend(nvml, process_name=process_name)
     except InventoryError as exc:
-        log.info("%s (%d declared simulated device(s))", exc, len(declared.snapshot()))
+        quiet = any(s in str(exc) for s in ("not installed", "no NVIDIA driver", "driver is not loaded"))
+        log.log(logging.INFO if quiet else logging.WARNING, "%s (offering %d declared simulated device(s))",
+                exc, n)
+        return declared
+    try:
+        gpus = backend.snapshot()
+    except InventoryError as exc:
+        backend.close()
+        log.warning("%s (offering %d declared simulated device(s))", exc, n)
+        return declared
+    if gpus:
+        log.info("NVML: %d GPU(s), driver %s, CUDA %s", len(gpus), backend.driver_version,
+                 backend.cuda_driver_version)
+        return backend
+    backend.close()
+    log.info("NVML sees no GPU; offering %d declared simulated device(s)", n)
     return declared
 
 
-def offerable(gpus: Iterable[GpuInfo], min_free_bytes: int, min_free_fraction: float = 0.0) -> list[GpuInfo]:
-    """Owner protection: the GPUs Frenzy may offer now.
+# --- owner protection -------------------------------------------------------------------------
 
-    A GPU with a process that is not Frenzy's, or with less than
-    ``max(min_free_bytes, min_free_fraction * memory_bytes)`` free, is not offered.
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def withheld_reason(
+    g: GpuInfo, min_free_bytes: int = 0, min_free_fraction: float = 0.0, *, protect_owner: bool = True
+) -> str | None:
+    """Why the GPU is not offered now, or None when it may be offered.
+
+    Not offered: a reason the backend gave (MIG, a failed query); with ``protect_owner``
+    (``[owner] protect_foreign_processes``), also a process list NVML could not give, a process
+    that is neither Frenzy's nor allow-listed, or less free memory than
+    ``max(min_free_bytes, min_free_fraction * memory_bytes)``.
     """
-    return [
-        g
-        for g in gpus
-        if g.foreign_processes == 0
-        and g.free_bytes >= max(min_free_bytes, int(min_free_fraction * g.memory_bytes))
-    ]
+    if g.withheld:
+        return g.withheld
+    if not protect_owner:
+        return None
+    if g.unknown is not None:
+        return (f"cannot tell whether the owner uses it ({g.unknown}); on a machine only Frenzy uses, "
+                "set [owner] protect_foreign_processes = false")
+    if g.foreign_processes > 0:
+        shown = [f"{p.name or 'unnamed process'}" + (f" {_gib(p.used_bytes)}" if p.used_bytes else "")
+                 for p in g.owner_processes[:3]]
+        more = g.foreign_processes - len(shown)
+        what = ", ".join(shown + ([f"{more} more"] if more > 0 else []))
+        return f"in use by the owner: {g.foreign_processes} process(es) that are not Frenzy's ({what})"
+    need = max(min_free_bytes, int(min_free_fraction * g.memory_bytes))
+    if g.free_bytes < need:
+        return (f"{_gib(g.free_bytes)} free, below the {_gib(need)} the owner keeps "
+                "([owner] min_free_fraction)")
+    return None
+
+
+def offerable(gpus: Iterable[GpuInfo], min_free_bytes: int, min_free_fraction: float = 0.0) -> list[GpuInfo]:
+    """Owner protection: the GPUs Frenzy may offer now (:func:`withheld_reason` is None)."""
+    return [g for g in gpus if withheld_reason(g, min_free_bytes, min_free_fraction) is None]
+
+
+def classify(g: GpuInfo, own: set[int], ignore: frozenset[str]) -> GpuInfo:
+    """Tell Frenzy's processes, allow-listed ones (their memory subtracted from ``free_bytes``) and
+    the owner's apart.  A process whose name cannot be read counts as the owner's."""
+    named = {p.pid: p for p in g.processes}
+    owner: list[GpuProcess] = []
+    ignored: list[str] = []
+    ignored_bytes = 0
+    for pid in g.pids:
+        if pid in own:
+            continue
+        proc = named.get(pid, GpuProcess(pid))
+        if proc.name is not None and proc.name in ignore:
+            ignored.append(proc.name)
+            ignored_bytes += proc.used_bytes or 0
+            continue
+        owner.append(proc)
+    # NVML's free memory already excludes what the desktop holds; subtracting it explicitly keeps that
+    # true where a driver reports free memory without it.
+    free = min(g.free_bytes, max(0, g.memory_bytes - ignored_bytes)) if ignored_bytes else g.free_bytes
+    return replace(g, foreign_processes=max(len(owner), g.foreign_processes), owner_processes=tuple(owner),
+                   ignored=tuple(sorted(ignored)), ignored_bytes=ignored_bytes, free_bytes=free)
 
 
 class Inventory:
-    """Periodic view of this node's GPUs, with Frenzy's own processes told from the owner's."""
+    """Periodic view of this node's GPUs, with Frenzy's own processes told from the owner's.
 
-    def __init__(self, backend: GpuBackend, own_pids: Callable[[], set[int]]) -> None:
+    ``ignore_processes`` names processes (executable basenames) that do not count as the owner's
+    work, e.g. a display server (``[owner] ignore_processes``).
+    """
+
+    def __init__(
+        self, backend: GpuBackend, own_pids: Callable[[], set[int]],
+        ignore_processes: Iterable[str] = DEFAULT_IGNORE_PROCESSES,
+    ) -> None:
         self.backend = backend
         self._own_pids = own_pids
+        self._ignore = frozenset(ignore_processes)
         self._last: list[GpuInfo] = []
 
     @property
@@ -214,16 +574,7 @@ class Inventory:
 
     def _snapshot(self) -> list[GpuInfo]:
         own = self._own_pids()
-        out = []
-        for g in self.backend.snapshot():
-            foreign = sum(1 for p in g.pids if p not in own)
-            out.append(
-                GpuInfo(
-                    g.uuid, g.index, g.type, g.memory_bytes, g.free_bytes, g.utilization,
-                    g.simulated, max(foreign, g.foreign_processes), g.pids,
-                )
-            )
-        return out
+        return [classify(g, own, self._ignore) for g in self.backend.snapshot()]
 
     async def refresh(self) -> list[GpuInfo]:
         """Take a snapshot on a worker thread; on a backend failure keep the last one and raise."""
