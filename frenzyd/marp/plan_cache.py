@@ -42,6 +42,7 @@ from frenzyd.marp.plans import (
     CALIBRATED_TORCH,
     DEFAULT_HEADROOM,
     Budget,
+    Peaks,
     count_plan,
     feasible_plans,
     job_shape,
@@ -144,17 +145,20 @@ class PlanCache:
             with contextlib.suppress(KeyError):  # evicted by another thread: `types` still answers
                 self._jobs.move_to_end(jkey)
         plans: list[Plan] = []
+        peaks: Peaks = {}  # shared by this call's types (a per-job store would cost memory per shape)
         for pool in pools:
             limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
             extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
             plans.extend(self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
-                                          constants=constants, extra=extra, trainer_only=trainer_only))
+                                          constants=constants, extra=extra, trainer_only=trainer_only,
+                                          peaks=peaks))
         plans.sort(key=plan_order)
         return plans
 
     def _type_plans(
         self, types: dict[_TypeKey, tuple[_Entry, ...]], pool: GpuPool, limit: int, *, model: ModelSpec,
         job: TrainingSetup, headroom: float, constants: AnalyticConstants, extra: float, trainer_only: bool,
+        peaks: Peaks,
     ) -> Sequence[Plan]:
         if limit < 1:
             return ()
@@ -180,7 +184,7 @@ class PlanCache:
         new = []
         for gpus in range(first, limit + 1):
             p = count_plan(model, job, pool, gpus, rec, constants=constants, extra=extra,
-                           trainer_only=trainer_only)
+                           trainer_only=trainer_only, peaks=peaks)
             if p is not None:
                 new.append(p)
         self._counts += limit - first + 1

@@ -124,24 +124,40 @@ def step_time_s(model: ModelSpec, setup: TrainingSetup, pool: GpuPool) -> float:
 
 
 def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> list[_Shape]:
+    """Every dp x tp x pp = ``gpus`` the model and batch allow, tp then pp ascending (tp <= per_node and
+    dividing heads, kv heads and ffn; pp dividing the layers; dp dividing the global batch)."""
     out = []
-    for tp in _divisors(gpus):
-        if tp > per_node or model.heads % tp or model.kv_heads % tp or model.ffn % tp:
+    pps = _divisors(model.layers)
+    for tp in range(1, min(gpus, per_node) + 1):
+        if gpus % tp or model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
-        for pp in _divisors(gpus // tp):
-            if model.layers % pp:
+        rest = gpus // tp
+        for pp in pps:
+            if pp > rest:
+                break
+            if rest % pp:
                 continue
-            dp = gpus // (tp * pp)
+            dp = rest // pp
             if global_batch % dp:
                 continue
             out.append(_Shape(dp, tp, pp))
     return out
 
 
+Peaks = dict[TrainingSetup, int]
+"""Tensor peaks already predicted for one model and constants, by setup (they do not depend on the GPU
+type): shared by every type and count of one enumeration, and by the plan cache across calls."""
+
+
 def _bytes_per_gpu(
-    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants, extra: float = 0.0
+    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants, extra: float = 0.0,
+    *, peaks: Peaks | None = None,
 ) -> int:
-    peak = predict(model, setup, constants=constants, check=False).peak_bytes
+    peak = None if peaks is None else peaks.get(setup)
+    if peak is None:
+        peak = predict(model, setup, constants=constants, check=False).peak_bytes
+        if peaks is not None:
+            peaks[setup] = peak
     return peak + overhead_bytes(gpu_type, peak, setup.world_size) + int(extra * peak)
 
 
@@ -195,12 +211,14 @@ def count_plan(
     constants: AnalyticConstants = DEFAULT_CONSTANTS,
     extra: float = 0.0,
     trainer_only: bool = False,
+    peaks: Peaks | None = None,
 ) -> Plan | None:
     """The fastest feasible plan of exactly ``gpus`` GPUs of ``pool``'s type, or None.
 
     ``job`` is :func:`job_shape`'s; ``extra`` the calibration's raise of the type's overhead.  Depends on
     ``pool`` only through its type, speed, ``gpus_per_node or count`` and (``gpu_memory_bytes`` of the
-    plan) its memory, and on the memory budget only through ``budget.fits``.
+    plan) its memory, and on the memory budget only through ``budget.fits``.  ``peaks``: tensor peaks
+    predicted before for this model and constants (filled in here).
     """
     global_batch = job.effective_global_batch
     per_node = pool.gpus_per_node or pool.count
@@ -212,9 +230,10 @@ def count_plan(
         # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
         # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
         probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
-        if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra)) and (
+        if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra, peaks=peaks)) and (
             shape.dp == 1
-            or not budget.fits(_bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants, extra))
+            or not budget.fits(_bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants,
+                                                extra, peaks=peaks))
         ):
             continue
         for zero in zeros:
@@ -227,7 +246,7 @@ def count_plan(
             while lo <= hi:  # memory grows with the micro-batch: binary search
                 mid = (lo + hi) // 2
                 cand = replace(probe, micro_batch=micros[mid], zero=zero)
-                b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra)
+                b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra, peaks=peaks)
                 if budget.fits(b):
                     fit = (cand, b)
                     lo = mid + 1
@@ -286,13 +305,14 @@ def feasible_plans(
     job = job_shape(setup)
     validate(model, job)
     plans: list[Plan] = []
+    peaks: Peaks = {}
     for pool in pools:
         limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
         budget = Budget(pool.memory_bytes / (1.0 + headroom))
         extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
         for gpus in range(1, limit + 1):
             best = count_plan(model, job, pool, gpus, budget, constants=constants, extra=extra,
-                              trainer_only=trainer_only)
+                              trainer_only=trainer_only, peaks=peaks)
             if best is not None:
                 plans.append(best)
     plans.sort(key=plan_order)
