@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from importlib import resources
@@ -17,8 +18,21 @@ _LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2"})
 
 def list_presets() -> list[str]:
     """Names of the shipped model presets (``frenzyd/marp/presets/*.json``), sorted."""
+    return list(_preset_names())
+
+
+@functools.cache
+def _preset_names() -> tuple[str, ...]:
+    # Shipped files: read once per process (the coordinator resolves presets for every queued job
+    # on every pass).
     root = resources.files("frenzyd.marp").joinpath("presets")
-    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+    return tuple(sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json")))
+
+
+@functools.cache
+def _preset(name: str) -> ModelSpec:
+    text = resources.files("frenzyd.marp").joinpath("presets", f"{name}.json").read_text()
+    return spec_from_config(json.loads(text), name=name)
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -27,9 +41,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     Raises ModelConfigError (listing the presets) for an unknown name, and for a
     config that is unreadable, of an unsupported family or impossible.
     """
-    if name_or_path in list_presets():
-        text = resources.files("frenzyd.marp").joinpath("presets", f"{name_or_path}.json").read_text()
-        return spec_from_config(json.loads(text), name=name_or_path)
+    if name_or_path in _preset_names():
+        return _preset(name_or_path)  # a frozen value; its hf_config is only ever copied
     path = Path(name_or_path)
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
