@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,10 @@ def run_cli(argv: Sequence[str]) -> int:
     from frenzy_client.trainer_job import UsageError
 
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at exit (where it would print a traceback)
+    except BrokenPipeError:
+        return _stdout_closed()
     except UsageError as exc:
         print(f"frenzy-client {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -61,3 +65,17 @@ def run_cli(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print("frenzy-client: interrupted", file=sys.stderr)
         return 130
+    return code
+
+
+EXIT_PIPE = 128 + 13
+"""The reader of stdout went away (``status | head``): exit as a process killed by SIGPIPE would."""
+
+
+def _stdout_closed() -> int:
+    """Quietly end a command whose stdout reader closed the pipe: point stdout at /dev/null so the
+    interpreter's final flush does not fail again, and exit with SIGPIPE's status."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE

@@ -22,17 +22,32 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CANCELLED = 3
+ENDED = ("succeeded", "failed", "cancelled")
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "t": 1000**4, "tb": 1000**4}
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def parse_bytes(text: str) -> int:
-    """``4GiB``, ``512MiB``, ``2G``, ``1073741824`` -> bytes; ``ConfigError`` otherwise."""
+    """``4GiB``, ``512MiB``, ``2GB``, ``1.5TiB`` -> bytes (KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB
+    of 1000, B bytes; case does not matter).  A number without a unit is refused (``--mem-per-rank 2``
+    used to mean 2 bytes): ``ConfigError`` saying what to write."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if m and not m.group(2):
+        raise ConfigError(f"size {text!r} has no unit: use e.g. {m.group(1)}GiB (or MiB, KiB, TiB; GB, MB, "
+                          "KB; B for bytes)")
     if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"cannot read {text!r} as a size: use e.g. 4GiB, 512MiB or a byte count")
+        raise ConfigError(f"cannot read {text!r} as a size: use e.g. 4GiB or 512MiB (KiB/MiB/GiB/TiB, "
+                          "KB/MB/GB/TB, B)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def size_arg(text: str) -> int:
+    """:func:`parse_bytes` for argparse (which shows only an ``ArgumentTypeError``'s own message)."""
+    try:
+        return parse_bytes(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser, json_flag: bool = True) -> None:
@@ -78,8 +93,9 @@ def register(sub: Any) -> None:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None,
                    help="ZeRO stage of a script job (default 0; not with --data: MARP picks it)")
     p.add_argument("--nproc", type=int, help="number of ranks (script jobs without --model)")
-    p.add_argument("--mem-per-rank", type=parse_bytes, metavar="BYTES",
-                   help="GPU memory each rank needs, e.g. 4GiB (script jobs without --model)")
+    p.add_argument("--mem-per-rank", type=size_arg, metavar="SIZE",
+                   help="GPU memory each rank needs, with a unit: e.g. 4GiB or 512MiB (script jobs without "
+                        "--model)")
     p.add_argument("--steps", type=int, metavar="N",
                    help="optimizer steps (required with --data); for a script, its declared work: the "
                         "scheduler starts shorter work first, and the ranks get it as FRENZY_STEPS; "
@@ -182,20 +198,49 @@ def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
                 raise ConfigError(f"--model {args.model}: cannot read it as a config.json ({exc})") from None
             req["name"] = args.name or path.stem
         else:
+            _check_preset(args.model)  # before submitting: a refused job leaves no failed record
             req["model"] = args.model
         if args.seq_len is None:
             raise ConfigError("--model needs --seq-len S (tokens per sample)")
     elif args.nproc is None or args.mem_per_rank is None:
         raise ConfigError("a job without --model must say how many ranks and how much memory each needs: "
-                          "add --nproc N --mem-per-rank BYTES (e.g. --nproc 2 --mem-per-rank 2GiB)")
+                          "add --nproc N --mem-per-rank SIZE (e.g. --nproc 2 --mem-per-rank 2GiB)")
+    _check_results_dir(args.results_dir, script.parent, cwd)
     return req
+
+
+def _check_preset(name: str) -> None:
+    from frenzy_client.trainer_job import UsageError
+    from frenzyd.marp.model import list_presets
+
+    presets = list_presets()
+    if name not in presets:
+        raise UsageError(f"--model {name}: unknown preset and no such file; use a preset "
+                         f"({', '.join(presets)}) or the path of a Hugging Face config.json")
+
+
+def _check_results_dir(results_dir: Path | None, workdir: Path, cwd: Path) -> None:
+    """Refuse a ``--results-dir`` inside the shipped directory unless it is under ``frenzy-results/``
+    (which is never shipped): every later job would carry the earlier results to the peers."""
+    from frenzy_client.trainer_job import UsageError
+
+    if results_dir is None:
+        return
+    res = (cwd / results_dir).resolve()
+    if res.is_relative_to(workdir) and "frenzy-results" not in res.relative_to(workdir).parts:
+        raise UsageError(f"--results-dir {results_dir} is inside {workdir}, which is shipped with every job: "
+                         "later jobs would carry these results to the peers. Put it under "
+                         f"{workdir / 'frenzy-results'} (never shipped) or outside {workdir}")
 
 
 class _Renderer:
     """Prints job events for a person: state changes with elapsed time, output with rank prefixes."""
 
-    def __init__(self, out: TextIO, err: TextIO) -> None:
+    def __init__(self, out: TextIO, err: TextIO, *, final_line: bool = False) -> None:
+        """``final_line``: the caller prints the job's end itself (with its results), so the state
+        note of a job that ended is left out here (it printed twice)."""
         self.out, self.err = out, err
+        self.final_line = final_line
         self.t0 = time.monotonic()
         self.state: str | None = None
         self.partial: dict[tuple[int, str], str] = {}
@@ -210,6 +255,8 @@ class _Renderer:
             self.last = dict(job)
             if job["state"] != self.state:
                 self.state = job["state"]
+                if self.final_line and job["state"] in ENDED:
+                    return
                 self._note(f"job {job['id']}: {job['state']}" + (f" ({job['message']})" if job.get("message")
                                                                    and job["state"] != "running" else ""))
                 if job["state"] == "running":
@@ -283,7 +330,7 @@ async def _follow(c: DaemonClient, job_id: str, args: argparse.Namespace, result
     final last), unpack its results and print the final summary; the job's exit code."""
     from frenzy_client import trainer_job
 
-    r = _Renderer(sys.stdout, sys.stderr)
+    r = _Renderer(sys.stdout, sys.stderr, final_line=not args.json)
     if submitted:
         r._note(f"submitted job {job_id} to {c.address}")
     progress = trainer_job.Progress(job_id)
@@ -375,15 +422,22 @@ def _render_jobs(jobs: list[dict[str, Any]], out: TextIO) -> None:
     if not jobs:
         print("jobs: none", file=out)
         return
-    print(f"{'JOB':<34} {'STATE':<10} {'RANKS':>5}  {'PLAN':<24} SUBMITTER", file=out)
+    width = max([4, *(len(_name(j)) for j in jobs)])
+    print(f"{'JOB':<34} {'NAME':<{width}} {'STATE':<10} {'RANKS':>5}  {'PLAN':<24} SUBMITTER", file=out)
     for j in jobs:
         plan = j.get("plan") or {}
         shape = f"{plan.get('gpus')}x{plan.get('gpu_type')}" if plan else "-"
-        print(f"{j['id']:<34} {j['state']:<10} {len(j.get('ranks') or []):>5}  {shape:<24} "
-              f"{j.get('submitter_name') or str(j.get('submitter', ''))[:12]}", file=out)
+        print(f"{j['id']:<34} {_name(j):<{width}} {j['state']:<10} {len(j.get('ranks') or []):>5}  "
+              f"{shape:<24} {j.get('submitter_name') or str(j.get('submitter', ''))[:12]}", file=out)
         if j["state"] == "queued" and j.get("reason"):
             where = f"#{j['queue_position']} in the queue, " if j.get("queue_position") else ""
             print(f"    {where}{j.get('phase') or 'waiting'}: {j['reason']}", file=out)
+
+
+def _name(job: Mapping[str, Any]) -> str:
+    """A job's ``--name`` for a table: one line, at most 32 characters, "-" when it has none."""
+    name = " ".join(str(job.get("name") or "").split())
+    return (name[:31] + "…" if len(name) > 32 else name) or "-"
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -402,7 +456,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     async def go() -> tuple[dict[str, Any], int]:
         async with _client(args) as c:
             reply = await c.job(args.job_id)
-            if reply["job"]["state"] not in ("succeeded", "failed", "cancelled"):
+            if reply["job"]["state"] not in ENDED:
                 raise FrenzyError(f"job {args.job_id} is {reply['job']['state']}: its results come when it "
                                   f"ends (frenzy-client wait {args.job_id})")
             return await _finish(c, args.job_id, reply, None, args.out)

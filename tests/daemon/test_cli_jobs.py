@@ -17,7 +17,7 @@ from frenzyd.api.client_api import ClientApi
 from frenzyd.errors import ConfigError
 from frenzyd.jobs.status import PeerState, build_status
 
-from .orch_harness import DDP_SCRIPT, Pool, job_dir
+from .orch_harness import DDP_SCRIPT, Pool, job_dir, wait_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,12 +163,127 @@ async def test_user_errors_are_messages_not_tracebacks(env: Env) -> None:
         assert "Traceback" not in e
 
 
-@pytest.mark.parametrize(("text", "value"), [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1G", 10**9),
-                                             ("1024", 1024), ("1.5GiB", 3 << 29)])
+@pytest.mark.parametrize(("text", "value"), [
+    ("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1.5GiB", 3 << 29), ("8KiB", 8 << 10), ("1TiB", 1 << 40),
+    ("1GB", 10**9), ("3MB", 3 * 10**6), ("2KB", 2000), ("1TB", 10**12), ("2gib", 2 << 30), ("4096B", 4096),
+])
 def test_parse_bytes(text: str, value: int) -> None:
     assert parse_bytes(text) == value
 
 
-def test_parse_bytes_rejects_garbage() -> None:
+@pytest.mark.parametrize("text", ["lots", "1G", "2 parsecs", "GiB", ""])
+def test_parse_bytes_rejects_garbage(text: str) -> None:
     with pytest.raises(ConfigError, match="4GiB"):
-        parse_bytes("lots")
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("text", ["2", "1024", "1.5"])
+def test_parse_bytes_needs_a_unit(text: str) -> None:
+    with pytest.raises(ConfigError, match=f"use e.g. {text}GiB"):
+        parse_bytes(text)
+
+
+# --- issue 17: the CLI's rough edges ----------------------------------------------------------
+
+
+async def test_mem_per_rank_without_unit_is_refused_before_submitting(env: Env) -> None:
+    d = job_dir(env.tmp)
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "2", "--", "train.py", cwd=d)
+    assert rc == 2
+    assert "use e.g. 2GiB" in err
+    assert "Traceback" not in err
+    assert env.pool.nodes["a"].orch.jobs_view() == []
+
+
+async def test_unknown_preset_is_refused_before_submitting(env: Env) -> None:
+    d = job_dir(env.tmp)
+    rc, _, err = await env.cli("run", "--model", "no-such-model", "--seq-len", "8", "--", "train.py", cwd=d)
+    assert rc == 2
+    assert "unknown preset" in err
+    assert "tiny-llama" in err  # the presets it could have named
+    assert env.pool.nodes["a"].orch.jobs_view() == []  # no failed record left behind
+
+
+async def test_name_shows_in_jobs_and_status(env: Env) -> None:
+    d = job_dir(env.tmp, "import time\ntime.sleep(600)\n")
+    rc, out, err = await env.cli("run", "--detach", "--name", "bert sweep #3", "--nproc", "1",
+                                 "--mem-per-rank", "1GiB", "--", "train.py", cwd=d)
+    assert rc == 0, err
+    job_id = out.strip()
+    for cmd in ("jobs", "status"):
+        rc, out, _ = await env.cli(cmd)
+        assert rc == 0
+        (row,) = [line for line in out.splitlines() if line.startswith(job_id)]
+        assert "bert sweep #3" in row
+        assert "NAME" in out
+    await env.cli("cancel", job_id)
+
+
+async def test_final_status_line_is_printed_once(env: Env) -> None:
+    d = job_dir(env.tmp)
+    res = env.tmp / "results"
+    rc, _, err = await env.cli("run", "--nproc", "2", "--mem-per-rank", "1GiB", "--results-dir", str(res),
+                               "--", "train.py", cwd=d)
+    assert rc == 0, err
+    ended = [line for line in err.splitlines() if "succeeded" in line]
+    assert len(ended) == 1, err
+    assert "result file(s) in" in ended[0]
+    # a failed job: its end once too, with the reason
+    (env.tmp / "f").mkdir()
+    d2 = job_dir(env.tmp / "f", "import sys\nsys.exit(5)\n")
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--", "train.py", cwd=d2)
+    assert rc == 1
+    assert len([line for line in err.splitlines() if " failed" in line]) == 1, err
+
+
+async def test_status_into_a_closed_pipe_ends_quietly(env: Env) -> None:
+    """``frenzy-client status | head -0``: the reader is gone before anything is written."""
+    for args in (["status"], ["status", "--json"], ["jobs"]):
+        r, w = os.pipe()
+        os.close(r)  # the reader went away
+        full = [sys.executable, "-m", "frenzy_client", args[0], "--daemon", env.unix.address, *args[1:]]
+        e = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(*full, env=e, stdout=w, stderr=asyncio.subprocess.PIPE)
+        os.close(w)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 141, err.decode()
+        assert err.decode() == ""  # no BrokenPipeError traceback, no "Exception ignored"
+
+
+async def test_results_of_a_detached_job_can_be_fetched(env: Env) -> None:
+    d = job_dir(env.tmp)
+    rc, out, err = await env.cli("run", "--detach", "--nproc", "2", "--mem-per-rank", "1GiB", "--",
+                                 "train.py", cwd=d)
+    assert rc == 0, err
+    job_id = out.strip()
+    await wait_state(env.pool.nodes["a"], job_id, {"succeeded"})
+    dest = env.tmp / "fetched"
+    rc, out, err = await env.cli("results", job_id, "--out", str(dest))
+    assert rc == 0, err
+    assert (dest / "result.txt").read_text() == "sum=3\n"
+    assert f"1 file(s) of job {job_id}" in out
+    rc, out, _ = await env.cli("results", job_id, "--json", "--out", str(env.tmp / "again"))
+    assert json.loads(out)["results_files"] == 1
+
+
+async def test_earlier_results_are_never_shipped(env: Env) -> None:
+    """Results of earlier jobs in ./frenzy-results (the default --results-dir) stay on the submitter;
+    a --results-dir elsewhere inside the shipped directory is refused before submitting."""
+    d = job_dir(env.tmp, "import os\nfor root, dirs, files in os.walk('.'):\n"
+                         "    for f in files: print(os.path.join(root, f))\n")
+    (d / "frenzy-results" / "old-job").mkdir(parents=True)
+    (d / "frenzy-results" / "old-job" / "model.bin").write_bytes(b"x" * 4096)
+    (d / "data.txt").write_text("keep me\n")
+    rc, out, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--", "train.py", cwd=d)
+    assert rc == 0, err
+    shipped = {line.removeprefix("[rank 0] ") for line in out.splitlines()}
+    assert "./data.txt" in shipped
+    assert "./train.py" in shipped
+    assert not any("frenzy-results" in f for f in shipped)
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--results-dir", "out",
+                               "--", "train.py", cwd=d)
+    assert rc == 2
+    assert "shipped with every job" in err
+    rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--results-dir",
+                               "frenzy-results/mine", "--", "train.py", cwd=d)
+    assert rc == 0, err
