@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.api.client_api import ClientApi
-from frenzyd.api.metrics import MetricsRegistry
+from frenzyd.api.metrics import AUTH_REFUSALS, MESSAGES_DROPPED, MetricsRegistry
 from frenzyd.api.web import WebServer, build_web_app
 from frenzyd.config import Config
 from frenzyd.errors import ConfigError, FrenzyError
@@ -218,10 +218,11 @@ class Daemon:
         )
         for kind, handler in self.orch.handlers().items():
             net.on(kind, handler, signed=kind in SIGNED_KINDS)
-        self.metrics.add_count_source("frenzy_peer_messages_dropped", "Peer frames dropped, by reason",
-                                      "reason", lambda: net.dropped)
-        self.metrics.add_count_source("frenzy_peer_auth_refused", "Peers/orders refused by auth, by reason",
-                                      "reason", lambda: net.auth_refusals)
+        # One family per counter (the README's names): the network's own counting dicts feed them.
+        self.metrics.add_count_source(MESSAGES_DROPPED, "Peer frames dropped, by reason", "reason",
+                                      lambda: net.dropped)
+        self.metrics.add_count_source(AUTH_REFUSALS, "Peers, connections and orders refused by "
+                                      "authentication, by reason", "reason", lambda: net.auth_refusals)
         self.metrics.add_count_source(
             "frenzy_stale_attempts_refused", "Messages refused because they were about an attempt of a job "
             "that is not its current one, by message kind", "kind", lambda: orch.ctx.fenced)

@@ -153,7 +153,7 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             assert probe.returncode == 0, probe.stdout + probe.stderr
             assert probe.stdout.strip().startswith("refused"), probe.stdout
             refusals = lab.run(0, [PY, "-c", _GET, "http://127.0.0.1:7480/metrics"], timeout=30).stdout
-            pattern = r"^frenzy_peer_auth_refused_total\{[^}]*\} (\S+)$"
+            pattern = r"^frenzy_auth_refusals_total\{[^}]*\} (\S+)$"
             counts = [float(v) for v in re.findall(pattern, refusals, re.M)]
             assert sum(counts) >= 1, refusals  # the refusal is counted by reason
 

@@ -6,7 +6,9 @@ offered/leased by type, jobs by state, election term) are derived from the
 status JSON of DESIGN.md §6 when ``/metrics`` is scraped, so they never drift
 from what ``/api/v1/status`` shows.  Counters by reason (dropped messages, auth
 refusals) are either incremented here or read from a component's own
-counting dict through :meth:`MetricsRegistry.add_count_source`.
+counting dict through :meth:`MetricsRegistry.add_count_source`; both land in the
+same family, so each counter has exactly one name.  Counter families are named
+without ``_total``; the exposition adds it (Prometheus: counters end in ``_total``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,6 +29,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 StatusProvider = Callable[[], Mapping[str, Any]]
 CountSource = Callable[[], Mapping[str, int]]
+
+AUTH_REFUSALS: Final = "frenzy_auth_refusals"
+"""Peers, connections and orders refused by authentication, by reason: ``frenzy_auth_refusals_total``."""
+MESSAGES_DROPPED: Final = "frenzy_peer_messages_dropped"
+"""Peer frames dropped, by reason: ``frenzy_peer_messages_dropped_total``."""
 
 
 class _StatusCollector(Collector):
@@ -43,18 +50,22 @@ class _StatusCollector(Collector):
 
 
 class _CountCollector(Collector):
-    def __init__(self, name: str, documentation: str, label: str, source: CountSource) -> None:
-        self.name, self.documentation, self.label, self.source = name, documentation, label, source
+    """One counter family summed over its sources (each: label value -> monotonic count)."""
+
+    def __init__(self, name: str, documentation: str, label: str) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.sources: list[CountSource] = []
 
     def collect(self) -> Iterator[Metric]:
         fam = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
-        try:
-            counts = dict(self.source())
-        except Exception:
-            log.exception("count source %s failed", self.name)
-            counts = {}
+        counts: Tally[str] = Tally()
+        for source in self.sources:
+            try:
+                counts.update({str(k): int(v) for k, v in source().items()})
+            except Exception:  # a component's counting dict must not break the scrape
+                log.exception("count source of %s failed", self.name)
         for key, value in sorted(counts.items()):
-            fam.add_metric([str(key)], float(value))
+            fam.add_metric([key], float(value))
         yield fam
 
 
@@ -115,19 +126,18 @@ class MetricsRegistry:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.dropped_messages = Counter(
-            "frenzy_dropped_messages", "Peer messages dropped, by reason", ["reason"], registry=self.registry
-        )
-        self.auth_refusals = Counter(
-            "frenzy_auth_refusals", "Peers or orders refused by authentication, by reason", ["reason"],
-            registry=self.registry,
-        )
         self.web_requests = Counter(
             "frenzy_web_requests", "Requests served by the status web server, by path", ["path"],
             registry=self.registry,
         )
         self._status: _StatusCollector | None = None
-        self._sources: set[str] = set()
+        self._counts: dict[str, _CountCollector] = {}
+        self._dropped: Tally[str] = Tally()
+        self._refused: Tally[str] = Tally()
+        self.add_count_source(MESSAGES_DROPPED, "Peer frames dropped, by reason", "reason",
+                              lambda: self._dropped)
+        self.add_count_source(AUTH_REFUSALS, "Peers, connections and orders refused by authentication, "
+                              "by reason", "reason", lambda: self._refused)
 
     def bind_status(self, status: StatusProvider) -> None:
         """Derive the gauges from ``status()`` at every scrape (once per registry)."""
@@ -138,19 +148,25 @@ class MetricsRegistry:
         self.registry.register(self._status)
 
     def add_count_source(self, name: str, documentation: str, label: str, source: CountSource) -> None:
-        """Expose ``source()`` (reason -> count, monotonic) as counter ``name`` with one label."""
-        if name in self._sources:
-            raise ValueError(f"count source {name!r} already registered")
-        self._sources.add(name)
-        self.registry.register(_CountCollector(name, documentation, label, source))
+        """Expose ``source()`` (label value -> count, monotonic) in counter family ``name`` (exported as
+        ``name_total``); several sources of one family are summed (e.g. :data:`AUTH_REFUSALS`)."""
+        if name.endswith("_total"):
+            raise ValueError(f"counter {name!r}: name it without _total (the exposition adds it)")
+        fam = self._counts.get(name)
+        if fam is None:
+            fam = self._counts[name] = _CountCollector(name, documentation, label)
+            self.registry.register(fam)
+        elif fam.label != label:
+            raise ValueError(f"counter {name!r} is labelled {fam.label!r}, not {label!r}")
+        fam.sources.append(source)
 
     def drop(self, reason: str) -> None:
-        """Count one dropped peer message."""
-        self.dropped_messages.labels(reason=reason).inc()
+        """Count one dropped peer message (:data:`MESSAGES_DROPPED`)."""
+        self._dropped[reason] += 1
 
     def refuse(self, reason: str) -> None:
-        """Count one authentication refusal."""
-        self.auth_refusals.labels(reason=reason).inc()
+        """Count one authentication refusal (:data:`AUTH_REFUSALS`)."""
+        self._refused[reason] += 1
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (content type :data:`CONTENT_TYPE`)."""

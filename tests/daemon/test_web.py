@@ -153,7 +153,7 @@ async def test_metrics_parse_and_follow_status(server: tuple[str, Box, MetricsRe
     assert m[("frenzy_gpu_free_bytes", (("type", "RTX-3090"),))] == 20 * GIB
     assert m[("frenzy_jobs", (("state", "running"),))] == 1
     assert m[("frenzy_jobs", (("state", "cancelled"),))] == 0
-    assert m[("frenzy_dropped_messages_total", (("reason", "oversized"),))] == 2
+    assert m[("frenzy_peer_messages_dropped_total", (("reason", "oversized"),))] == 2
     assert m[("frenzy_auth_refusals_total", (("reason", "unknown_ca"),))] == 1
     assert m[("frenzy_wire_rejects_total", (("reason", "malformed"),))] == 5
     counts["malformed"] = 7
