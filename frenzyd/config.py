@@ -56,6 +56,39 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "interface, else the listen host (else the first non-loopback IPv4)",
     ),
     (
+        "network",
+        "handshake_timeout_s",
+        "5.0",
+        "a connection to the peer port that has not completed its TLS handshake within this is closed",
+    ),
+    (
+        "network",
+        "max_unauthenticated",
+        "256",
+        "connections to the peer port still in their TLS handshake, in total; more are closed at once "
+        "(members' established connections are not counted)",
+    ),
+    (
+        "network",
+        "max_unauthenticated_per_ip",
+        "16",
+        "the same, per source address (one host cannot fill the total)",
+    ),
+    (
+        "network",
+        "frame_caps",
+        "{}",
+        "per message kind, the largest frame accepted (bytes), overriding the built-in caps "
+        "(SECURITY.md), e.g. `{heartbeat = 2097152}`",
+    ),
+    (
+        "network",
+        "mdns_max_entries",
+        "256",
+        "mDNS services of this pool remembered at once (other pools' are never tracked); the oldest go first",
+    ),
+    ("network", "mdns_entry_ttl_s", "900.0", "an mDNS service not re-announced for this long is forgotten"),
+    (
         "pool",
         "credentials",
         "required",
@@ -69,6 +102,21 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "`127.0.0.1:PORT` (per-user token file in data_dir)",
     ),
     ("web", "listen", '"127.0.0.1:7480"', "read-only status page, JSON and /metrics"),
+    (
+        "web",
+        "idle_timeout_s",
+        "15.0",
+        "a web connection that has not sent a complete request (headers) within this, from connecting or "
+        "from its last response, is closed",
+    ),
+    ("web", "max_connections", "64", "open web connections at once; more are closed at once"),
+    (
+        "election",
+        "max_term_jump",
+        "1000",
+        "a heartbeat or order whose term is more than this above the highest term seen is refused "
+        "(counted, never persisted); the first term heard after start is taken as it is",
+    ),
     (
         "devices",
         "type",
@@ -130,6 +178,15 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "gloo/NCCL rank-to-rank links use ephemeral ports on the pool interface",
     ),
     ("launcher", "term_grace_s", "10.0", "cancel: SIGTERM the rank process group, SIGKILL after this"),
+    (
+        "launcher",
+        "env_allow",
+        "[]",
+        "names of the daemon's environment variables ranks also get, besides PATH, HOME, LANG, LC_*, "
+        "TZ, TMPDIR, USER, LOGNAME, TERM, PYTHONPATH, VIRTUAL_ENV, LD_LIBRARY_PATH, CUDA_*, NCCL_*, GLOO_*, "
+        "TORCH_*, PYTORCH_*, OMP_* (e.g. `[\"WANDB_MODE\"]`; a name ending in `*` is a prefix); everything "
+        "else (SSH_AUTH_SOCK, tokens) stays with the daemon",
+    ),
     (
         "owner",
         "min_free_fraction",
@@ -247,6 +304,13 @@ class NetworkSection:
     mdns: bool = True
     advertise: str | None = None
     """The host peers should dial; ``load_config`` fills it in (never None after loading)."""
+    handshake_timeout_s: float = 5.0
+    max_unauthenticated: int = 256
+    max_unauthenticated_per_ip: int = 16
+    frame_caps: tuple[tuple[str, int], ...] = ()
+    """Per-kind frame cap overrides ``(kind, bytes)``."""
+    mdns_max_entries: int = 256
+    mdns_entry_ttl_s: float = 900.0
 
     @property
     def advertise_address(self) -> str:
@@ -271,6 +335,13 @@ class ClientSection:
 @dataclass(frozen=True)
 class WebSection:
     listen: HostPort = HostPort("127.0.0.1", 7480)
+    idle_timeout_s: float = 15.0
+    max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class ElectionSection:
+    max_term_jump: int = 1000
 
 
 @dataclass(frozen=True)
@@ -303,6 +374,7 @@ class LauncherSection:
     max_data_bytes: int = 4 * 1024**3
     rendezvous_ports: tuple[int, int] = (29400, 29499)
     term_grace_s: float = 10.0
+    env_allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -331,13 +403,14 @@ class Config:
     launcher: LauncherSection
     owner: OwnerSection
     jobs: JobsSection = JobsSection()
+    election: ElectionSection = ElectionSection()
     source: Path | None = None
 
 
 # --- loading --------------------------------------------------------------------------------
 
 _SECTIONS: Final = ("node", "network", "pool", "client", "web", "devices", "timing", "launcher", "owner",
-                    "jobs")
+                    "jobs", "election")
 
 
 class _Section:
@@ -527,7 +600,13 @@ def config_from_dict(
     if advertise is None:
         advertise = _default_advertise(listen, interfaces, ifaddr)
     network = NetworkSection(
-        listen=listen, interfaces=interfaces, peers=peers, mdns=w.bool_("mdns", True), advertise=advertise
+        listen=listen, interfaces=interfaces, peers=peers, mdns=w.bool_("mdns", True), advertise=advertise,
+        handshake_timeout_s=w.float_("handshake_timeout_s", 5.0),
+        max_unauthenticated=w.int_("max_unauthenticated", 256, 1, 1 << 20),
+        max_unauthenticated_per_ip=w.int_("max_unauthenticated_per_ip", 16, 1, 1 << 20),
+        frame_caps=_frame_caps(w),
+        mdns_max_entries=w.int_("mdns_max_entries", 256, 1, 1 << 20),
+        mdns_entry_ttl_s=w.float_("mdns_entry_ttl_s", 900.0),
     )
 
     creds = tables["pool"].str_("credentials", required=True)
@@ -545,9 +624,13 @@ def config_from_dict(
             )
     client = ClientSection(listen=client_listen)
 
+    wb = tables["web"]
     web = WebSection(
-        listen=HostPort.parse(tables["web"].str_("listen", "127.0.0.1:7480") or "", "[web] listen")
+        listen=HostPort.parse(wb.str_("listen", "127.0.0.1:7480") or "", "[web] listen"),
+        idle_timeout_s=wb.float_("idle_timeout_s", 15.0),
+        max_connections=wb.int_("max_connections", 64, 1, 1 << 20),
     )
+    election = ElectionSection(max_term_jump=tables["election"].int_("max_term_jump", 1000, 1, 1 << 40))
 
     devices = _devices(raw.get("devices", []))
 
@@ -591,6 +674,7 @@ def config_from_dict(
         max_result_bytes=la.int_("max_result_bytes", 64 * 1024 * 1024, 1),
         rendezvous_ports=(ports[0], ports[1]),
         term_grace_s=la.float_("term_grace_s", 10.0),
+        env_allow=la.str_list("env_allow"),
     )
 
     o = tables["owner"]
@@ -617,8 +701,26 @@ def config_from_dict(
         launcher=launcher,
         owner=owner,
         jobs=jobs,
+        election=election,
         source=source,
     )
+
+
+def _frame_caps(section: _Section) -> tuple[tuple[str, int], ...]:
+    """``[network] frame_caps``: a table of message kind -> bytes (1 KiB .. 4 MiB)."""
+    from frenzyd.net.wire import DEFAULT_MAX
+
+    table = section.table.get("frame_caps", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[network] frame_caps = {table!r}: expected a table, e.g. {{heartbeat = 2097152}}")
+    out = []
+    for kind, cap in sorted(table.items()):
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 1024 <= cap <= DEFAULT_MAX:
+            raise ConfigError(
+                f"[network] frame_caps.{kind} = {cap!r}: expected a number of bytes in [1024, {DEFAULT_MAX}]"
+            )
+        out.append((kind, cap))
+    return tuple(out)
 
 
 def _is_loopback(host: str) -> bool:

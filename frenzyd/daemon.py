@@ -32,7 +32,7 @@ from frenzyd.errors import ConfigError, FrenzyError
 from frenzyd.jobs.orchestrator import SIGNED_KINDS, ClusterView, Orchestrator, Versions
 from frenzyd.jobs.status import PeerState, build_status
 from frenzyd.net import auth
-from frenzyd.net.election import Change, ElectionState
+from frenzyd.net.election import Change, ElectionState, valid_stored_term
 from frenzyd.net.network import PeerNetwork
 from frenzyd.net.wire import Body
 from frenzyd.node import launcher as launcher_mod
@@ -105,9 +105,15 @@ class Daemon:
     def _load_term(self) -> int:
         try:
             data = json.loads((self.data_dir / STATE_FILE).read_text())
-            return max(0, int(data.get("term", 0)))
+            raw = data.get("term", 0)
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
+        term = valid_stored_term(raw)
+        if term is None:  # e.g. 2^64-1 written before terms were bounded: no election reaches it
+            log.warning("%s holds term %.40r, which is not a valid term; starting from term 0",
+                        self.data_dir / STATE_FILE, raw)
+            return 0
+        return term
 
     def _save_term(self, term: int) -> None:
         path = self.data_dir / STATE_FILE
@@ -177,6 +183,11 @@ class Daemon:
         (before it could reap the first one's ranks or answer for its jobs).
         """
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # at every start, not only when created: it holds job records, logs and run directories
+            self.data_dir.chmod(0o700)
+        except PermissionError as exc:
+            raise ConfigError(f"cannot make the data directory {self.data_dir} private (mode 0700): "
+                              f"{exc.strerror}; make it owned by the user frenzyd runs as") from exc
         lock = lock_data_dir(self.data_dir)
         try:
             await self._run(stop)
@@ -186,7 +197,8 @@ class Daemon:
     async def _run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         self.launcher = Launcher(self.data_dir, cfg.launcher.run_as, cfg.launcher.rendezvous_ports,
-                                 cfg.launcher.term_grace_s, lease_s=cfg.timing.lease_timeout_s)
+                                 cfg.launcher.term_grace_s, lease_s=cfg.timing.lease_timeout_s,
+                                 env_allow=cfg.launcher.env_allow)
         self.launcher.reap_leftovers()
         self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids,
                                    cfg.owner.ignore_processes)
@@ -237,7 +249,8 @@ class Daemon:
             # must not have told the pool it exists.
             await net.start()  # ConfigError naming [network] listen when the port is taken
             self.web = WebServer(build_web_app(self.status, self.metrics), cfg.web.listen.host,
-                                 cfg.web.listen.port)
+                                 cfg.web.listen.port, idle_timeout_s=cfg.web.idle_timeout_s,
+                                 max_connections=cfg.web.max_connections)
             await _bind(self.web.start, "the status page", str(cfg.web.listen), "[web] listen",
                         "FRENZY_WEB_LISTEN")
             async with asyncio.TaskGroup() as tg:

@@ -3,11 +3,14 @@
 ``GET /`` renders the status JSON of DESIGN.md §6 server-side (no scripts; it
 refreshes itself every few seconds); ``GET /api/v1/status`` is that JSON;
 ``GET /metrics`` is the Prometheus text format.  Every other method is refused
-(405) by aiohttp.  Binds to 127.0.0.1 unless the config says otherwise.
+(405) by aiohttp.  Binds to 127.0.0.1 unless the config says otherwise.  A connection that sends
+no complete request within ``[web] idle_timeout_s`` is closed, and at most ``[web]
+max_connections`` are open at once (more are closed as they arrive).
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
@@ -85,10 +88,16 @@ def _short(node_id: object) -> str:
     return s[:12]
 
 
+def _bytes(n: object) -> int:
+    """A byte count from a report, 0 for anything that is not one (reports are checked at the edge;
+    the page does not rely on it)."""
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+
+
 def _gib(n: object) -> str:
     try:
         return f"{int(n) / GIB:.1f}"  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return "?"
 
 
@@ -129,7 +138,7 @@ def render_page(st: Mapping[str, Any]) -> str:
             row = by_type.setdefault(str(g.get("type")), [0, 0, 0, 0])
             row[0] += 1
             row[1] += 0 if g.get("leased_to") else 1
-            row[2] += int(g.get("free_bytes") or 0)
+            row[2] += _bytes(g.get("free_bytes"))
             row[3] += 1 if g.get("simulated") else 0
     out.append(f"<h2>GPUs by type ({sum(r[0] for r in by_type.values())})</h2>")
     out.append("<table><tr><th>type</th><th>GPUs</th><th>not leased</th><th>free memory (GiB)</th>"
@@ -257,18 +266,69 @@ def _plan_text(plan: Mapping[str, Any]) -> str:
     return f"{head}<br><small>{rest}</small>" if rest else head
 
 
-class WebServer:
-    """Runs an application on host:port inside the caller's event loop (port 0 picks a free port)."""
+class _Closed(asyncio.Protocol):
+    """A connection over the cap: closed as soon as it is accepted."""
 
-    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 7480) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _CappedSite(web.TCPSite):
+    """A TCP site that closes connections beyond ``max_connections`` as they are accepted (within one
+    accept burst of the listen backlog, which is kept at most ``max_connections``)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int,
+                 on_refused: Callable[[], None]) -> None:
+        super().__init__(runner, host, port, backlog=max(1, min(128, max_connections)))
+        self._max_connections = max_connections
+        self._on_refused = on_refused
+
+    async def start(self) -> None:
+        server = self._runner.server
+        assert server is not None
+        self._runner._reg_site(self)  # what BaseSite.start does; TCPSite.start would bind unguarded
+        cap, refused = self._max_connections, self._on_refused
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= cap:
+                refused()
+                return _Closed()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, backlog=self._backlog)
+
+
+class WebServer:
+    """Runs an application on host:port inside the caller's event loop (port 0 picks a free port).
+
+    ``idle_timeout_s``: a connection that has not sent a complete request (its headers) within this,
+    from connecting or from its last response, is closed.  ``max_connections``: open connections
+    at once; more are closed as they arrive (``refused`` counts them).
+    """
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 7480, *,
+                 idle_timeout_s: float = 15.0, max_connections: int = 64) -> None:
         self.app, self.host, self.port = app, host, port
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.refused = 0
         self._runner: web.AppRunner | None = None
+
+    def _refused(self) -> None:
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:
+            log.warning("web: %d connection(s) refused: over [web] max_connections = %d",
+                        self.refused, self.max_connections)
 
     async def start(self) -> int:
         """Listen; return the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer also runs from the moment a connection opens and closes it
+        # while no complete request has arrived: it is the header timeout as well as the idle one.
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.idle_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = _CappedSite(self._runner, self.host, self.port, self.max_connections, self._refused)
         await site.start()
         sockets = getattr(site._server, "sockets", None)
         if sockets:

@@ -5,6 +5,10 @@ decoded, schema-checked and turned into its class once, at the edge; the roles' 
 these values.  ``to_body`` writes keys in the order the daemons have always sent them (the
 golden-frame test pins the bytes).  Replies travel as ``ok`` frames; a sender reads the reply
 body it expects with the reply class's ``from_body``.
+
+Every kind has a frame cap that fits its largest legitimate body (``wire.kind_cap``), checked before
+the body is unpacked, and every ``job_id`` is checked (``valid_job_id``) when the frame is decoded:
+a malformed id is dropped at the edge with reason ``schema``.
 """
 
 from __future__ import annotations
@@ -15,14 +19,47 @@ from dataclasses import dataclass
 from typing import Any, Final, Self
 
 from frenzyd.errors import WireError
-from frenzyd.jobs.model import JobRecord
-from frenzyd.net.wire import Body, Schema, message
+from frenzyd.jobs.model import JobRecord, valid_job_id
+from frenzyd.net.wire import KINDS, SIGNED_KIND, Body, Schema, message, register_kind
 
 SIGNED_KINDS: Final = frozenset({"job.launch", "job.stop"})
 """Orders that start or stop processes: sent signed and bound to the coordinator's term."""
 
+CHUNK_BYTES: Final = 1 << 20
+"""Payload and result bytes per message (``frenzyd.jobs.context.CHUNK``; a test keeps them equal)."""
+FRAME_OVERHEAD: Final = 64 * 1024
+"""Room for keys, ids and an envelope's certificate and signature around a chunk or record."""
+CHUNK_FRAME_MAX: Final = CHUNK_BYTES + FRAME_OVERHEAD
+"""Cap on a frame that carries one payload or result chunk."""
+RECORD_FRAME_MAX: Final = 2 * 1024 * 1024
+"""Cap on a frame that carries a job record (its command may hold up to 256 arguments of 4 KiB)."""
+OUTPUT_FRAME_MAX: Final = 256 * 1024
+"""Cap on a batch of rank output (the rank host sends under 128 KiB of output per batch)."""
+SMALL_FRAME_MAX: Final = 64 * 1024
+"""Cap on a frame of ids and numbers."""
 
-@message("job.submit", Schema(required={"record": dict}))
+# Replies travel as ``ok``: a payload chunk is the largest.  Signed orders carry a record.
+register_kind("ok", KINDS["ok"], max_bytes=CHUNK_FRAME_MAX)
+register_kind(SIGNED_KIND, KINDS[SIGNED_KIND], max_bytes=RECORD_FRAME_MAX + FRAME_OVERHEAD)
+
+
+def _job_id(body: Mapping[str, Any]) -> str:
+    """The body's ``job_id``, checked: safe as a file name (``valid_job_id``)."""
+    job_id: str = body["job_id"]
+    if not valid_job_id(job_id):
+        raise WireError(f"bad job id {job_id[:80]!r}")
+    return job_id
+
+
+def _attempt(body: Mapping[str, Any]) -> int:
+    """The body's ``attempt``, checked: never negative."""
+    attempt: int = body["attempt"]
+    if attempt < 0:
+        raise WireError(f"bad attempt {attempt}")
+    return attempt
+
+
+@message("job.submit", Schema(required={"record": dict}), max_bytes=RECORD_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobSubmit(Body):
     """Submitter -> coordinator: a job to schedule (idempotent; re-sent until acknowledged)."""
@@ -49,10 +86,10 @@ class JobCancel(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"])
+        return cls(_job_id(body))
 
 
-@message("job.state", Schema(required={"record": dict}))
+@message("job.state", Schema(required={"record": dict}), max_bytes=RECORD_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobState(Body):
     """Coordinator -> submitter: the job's new state (placed, failed, requeued)."""
@@ -85,10 +122,11 @@ class JobAttempt(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["term"], body["after"])
+        return cls(_job_id(body), body["term"], body["after"])
 
 
-@message("lease.request", Schema(required={"job_id": str, "attempt": int, "gpus": list, "term": int}))
+@message("lease.request", Schema(required={"job_id": str, "attempt": int, "gpus": list, "term": int}),
+         max_bytes=2 * SMALL_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class LeaseRequest(Body):
     """Coordinator -> GPU owner: lease these GPUs to the job's attempt (the owner may refuse)."""
@@ -103,7 +141,7 @@ class LeaseRequest(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], tuple(g for g in body["gpus"] if isinstance(g, str)),
+        return cls(_job_id(body), _attempt(body), tuple(g for g in body["gpus"] if isinstance(g, str)),
                    body["term"])
 
 
@@ -121,12 +159,12 @@ class LeaseRelease(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], body["term"])
+        return cls(_job_id(body), _attempt(body), body["term"])
 
 
 @message("job.launch", Schema(required={"job_id": str, "attempt": int, "term": int, "record": dict,
                                         "master_addr": str, "master_port": int, "start_store": bool,
-                                        "backend": str}))
+                                        "backend": str}), max_bytes=RECORD_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobLaunch(Body):
     """Coordinator -> GPU owner (signed): start this node's ranks of the placed record.
@@ -152,9 +190,9 @@ class JobLaunch(Body):
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
         record = JobRecord.from_dict(body["record"])
-        if record.id != body["job_id"] or record.attempt != body["attempt"]:
+        if record.id != _job_id(body) or record.attempt != _attempt(body):
             raise WireError("job.launch: the record is not the ordered job's attempt")
-        return cls(body["job_id"], body["attempt"], body["term"], record, body["master_addr"],
+        return cls(_job_id(body), _attempt(body), body["term"], record, body["master_addr"],
                    body["master_port"], body["start_store"], body["backend"])
 
 
@@ -180,7 +218,7 @@ class JobStop(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], body["term"], str(body.get("preempt", "")))
+        return cls(_job_id(body), _attempt(body), body["term"], str(body.get("preempt", "")))
 
 
 @message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int}))
@@ -198,7 +236,7 @@ class PayloadFetch(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], body["offset"], body["length"])
+        return cls(_job_id(body), _attempt(body), body["offset"], body["length"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +248,8 @@ class OutputChunk:
     data: bytes
 
 
-@message("job.output", Schema(required={"job_id": str, "attempt": int, "chunks": list}))
+@message("job.output", Schema(required={"job_id": str, "attempt": int, "chunks": list}),
+         max_bytes=OUTPUT_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobOutput(Body):
     """GPU owner -> submitter: a batch of an attempt's rank output, in order.  Malformed chunks
@@ -231,11 +270,11 @@ class JobOutput(Body):
             if isinstance(ch, list) and len(ch) == 3 and type(ch[0]) is int
             and isinstance(ch[1], str) and isinstance(ch[2], bytes)
         )
-        return cls(body["job_id"], body["attempt"], chunks)
+        return cls(_job_id(body), _attempt(body), chunks)
 
 
 @message("job.results", Schema(required={"job_id": str, "attempt": int, "offset": int, "total": int,
-                                         "data": bytes}))
+                                         "data": bytes}), max_bytes=CHUNK_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobResults(Body):
     """Rank 0's host -> submitter: one chunk of the files rank 0 of an attempt wrote under its
@@ -253,11 +292,12 @@ class JobResults(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"], body["offset"], body["total"], body["data"])
+        return cls(_job_id(body), _attempt(body), body["offset"], body["total"], body["data"])
 
 
 @message("job.exit", Schema(required={"job_id": str, "attempt": int, "term": int, "codes": list, "peer": str},
-                            optional={"record": dict, "vacated": bool, "reason": str, "preempted": bool}))
+                            optional={"record": dict, "vacated": bool, "reason": str, "preempted": bool}),
+         max_bytes=RECORD_FRAME_MAX)
 @dataclass(frozen=True, slots=True)
 class JobExit(Body):
     """GPU owner -> submitter and coordinator: this node's ranks of the job exited.
@@ -293,7 +333,7 @@ class JobExit(Body):
                       if isinstance(c, list) and len(c) == 2
                       and all(isinstance(x, int) and not isinstance(x, bool) for x in c))
         record = None if body.get("record") is None else JobRecord.from_dict(body["record"])
-        return cls(body["job_id"], body["attempt"], body["term"], codes, body["peer"], record,
+        return cls(_job_id(body), _attempt(body), body["term"], codes, body["peer"], record,
                    bool(body.get("vacated", False)), str(body.get("reason", "")),
                    bool(body.get("preempted", False)))
 
@@ -316,7 +356,7 @@ class JobFinished(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(body["job_id"], body["attempt"])
+        return cls(_job_id(body), _attempt(body))
 
 
 # --- replies (sent as ``ok`` frames) ---------------------------------------------------------

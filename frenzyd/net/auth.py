@@ -23,6 +23,8 @@ import hashlib
 import json
 import os
 import re
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -129,15 +131,27 @@ def _raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def _parse_errors() -> tuple[type[Exception], ...]:
+    """What ``cryptography`` raises for a malformed certificate: at load, or later, when a lazily
+    parsed field (issuer, version, extensions, key) is first read."""
+    x = _x509()
+    return (ValueError, TypeError, UnsupportedAlgorithm, x.InvalidVersion, x.DuplicateExtension,
+            x.UnsupportedGeneralNameType)
+
+
 def _load_cert(pem_or_der: bytes) -> x509.Certificate:
     x = _x509()
     try:
-        if pem_or_der.lstrip().startswith(b"-----BEGIN"):
-            cert: x509.Certificate = x.load_pem_x509_certificate(pem_or_der)
-        else:
-            cert = x.load_der_x509_certificate(pem_or_der)
-    except ValueError as exc:
-        raise AuthError("bad_certificate", f"cannot parse certificate: {exc}") from exc
+        with warnings.catch_warnings():
+            # A non-positive serial number only warns (CryptographyDeprecationWarning): it is still
+            # refused below unless the pool CA signed it, and a peer must not make us log per request.
+            warnings.simplefilter("ignore")
+            if pem_or_der.lstrip().startswith(b"-----BEGIN"):
+                cert: x509.Certificate = x.load_pem_x509_certificate(pem_or_der)
+            else:
+                cert = x.load_der_x509_certificate(pem_or_der)
+    except _parse_errors() as exc:
+        raise AuthError("bad_certificate", f"cannot parse certificate: {str(exc)[:200]}") from exc
     return cert
 
 
@@ -277,7 +291,10 @@ def verify_node_cert(
     ``expired_certificate``).  The time-independent checks are memoised per
     (CA, certificate) — a peer presents the same certificate on every request.
     """
-    node_id, name, not_before, not_after = _checked_cert(ca_pem, cert_pem_or_der)
+    try:
+        node_id, name, not_before, not_after = _checked_cert(ca_pem, cert_pem_or_der)
+    except _parse_errors() as exc:  # a field that only fails when read (issuer, version, extensions)
+        raise AuthError("bad_certificate", f"malformed certificate: {str(exc)[:200]}") from exc
     if now is not None and not (not_before <= now <= not_after):
         raise AuthError("expired_certificate", f"valid {not_before:%Y-%m-%d} to {not_after:%Y-%m-%d}")
     return node_id, name
@@ -316,7 +333,10 @@ def _checked_cert(ca_pem: bytes, cert_pem_or_der: bytes) -> tuple[str, str, dt.d
 
 @functools.lru_cache(maxsize=1024)
 def _cert_public_key(cert_pem_or_der: bytes) -> Ed25519PublicKey:
-    pub = _load_cert(cert_pem_or_der).public_key()
+    try:
+        pub = _load_cert(cert_pem_or_der).public_key()
+    except _parse_errors() as exc:
+        raise AuthError("bad_certificate", f"malformed certificate key: {str(exc)[:200]}") from exc
     if not isinstance(pub, Ed25519PublicKey):
         raise AuthError("bad_certificate", "the node key is not Ed25519")
     return pub
@@ -368,6 +388,7 @@ def open_order(
     sender_id: str | None = None,
     now: dt.datetime | None = None,
     max_bytes: int = wire.DEFAULT_MAX,
+    caps: Mapping[str, int] | None = None,
 ) -> SignedOrder:
     """Verify a ``signed`` envelope and decode the inner frame it signs.
 
@@ -380,7 +401,7 @@ def open_order(
     signer = verify_signed(ca_pem, body["cert"], body["frame"], body["sig"], now=now)
     if sender_id is not None and signer != sender_id:
         raise AuthError("signer_mismatch", f"order signed by {signer[:12]} but sent by {sender_id[:12]}")
-    inner = wire.decode(body["frame"], max_bytes=max_bytes)
+    inner = wire.decode(body["frame"], max_bytes=max_bytes, caps=caps)
     if inner.kind == wire.SIGNED_KIND:
         raise wire.FrameRejected("schema", "a signed envelope cannot contain another envelope")
     _, name = verify_node_cert(ca_pem, body["cert"])

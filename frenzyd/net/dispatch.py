@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,9 @@ def error_frame(reason: str, detail: str, status: int) -> tuple[int, bytes]:
 class Dispatcher:
     """Turns one frame from an authenticated peer into the reply frame: decode, check, dispatch.
 
-    ``max_frame_bytes`` caps an incoming frame (and a signed order's inner frame).  The
+    ``max_frame_bytes`` caps an incoming frame (and a signed order's inner frame) of any kind;
+    each kind's own cap (``wire.kind_cap``, ``caps`` overriding it) is checked before its body is
+    unpacked.  The
     heartbeat layer answers heartbeats and hears of election changes a signed order causes
     (:meth:`bind`); other kinds go to the handler registered with :meth:`on`, else to the
     fallback, else they are refused as ``unknown_kind``.
@@ -85,6 +87,7 @@ class Dispatcher:
         counters: Counters,
         *,
         max_frame_bytes: int,
+        caps: Mapping[str, int] | None = None,
         fallback: FallbackHandler | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -92,6 +95,8 @@ class Dispatcher:
         self.election = election
         self.counters = counters
         self.max_frame_bytes = max_frame_bytes
+        self.caps: dict[str, int] = dict(caps or {})
+        """Per-kind frame cap overrides (``[network] frame_caps``)."""
         self._fallback = fallback
         self._handlers: dict[str, tuple[Handler, bool]] = {}
         self._answer_heartbeat: HeartbeatAnswer | None = None
@@ -123,7 +128,7 @@ class Dispatcher:
         """Decode, authorise and dispatch one frame from an authenticated peer; return the HTTP
         status and the reply frame.  Never raises: every failure becomes an ``error`` frame."""
         try:
-            msg = wire.decode(data, max_bytes=self.max_frame_bytes)
+            msg = wire.decode(data, max_bytes=self.max_frame_bytes, caps=self.caps)
         except wire.FrameRejected as exc:
             if exc.version is not None:
                 self.counters.other_versions[peer_id] = exc.version
@@ -170,6 +175,7 @@ class Dispatcher:
                 sender_id=peer_id,
                 now=dt.datetime.now(dt.UTC),
                 max_bytes=self.max_frame_bytes,
+                caps=self.caps,
             )
             msg, signed = order.message, True
             term = msg.body.get("term")

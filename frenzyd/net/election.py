@@ -16,6 +16,11 @@ Rules (DESIGN.md §5):
 * Orders are accepted only from the coordinator of the highest term seen
   (:meth:`ElectionState.check_order`); an order from a higher term is itself a claim.
 
+* Terms are bounded (:meth:`ElectionState.check_term`): a term above ``MAX_TERM`` is refused, and
+  so is one more than ``max_term_jump`` above the highest term seen -- except the first term heard
+  after start, which is how a new or long-stopped node learns the pool's term.  A refused term is
+  never observed, adopted or persisted, so one member cannot wedge the pool with term 2^64-1.
+
 Liveness is the caller's: ``tick(now, live_peers)`` is given the peers whose
 heartbeats arrived within the timeout.  Nothing here reads a clock or does I/O.
 """
@@ -25,8 +30,21 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from frenzyd.errors import ElectionError
+
+MAX_TERM: Final = 2**53 - 1
+"""The largest term a node accepts or stores (exact in JSON and every msgpack reader)."""
+DEFAULT_MAX_TERM_JUMP: Final = 1000
+"""``[election] max_term_jump``'s default."""
+
+
+def valid_stored_term(value: object) -> int | None:
+    """A term read back from disk if it is one (an int in ``0..MAX_TERM``), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TERM:
+        return value
+    return None
 
 
 class Role(StrEnum):
@@ -71,11 +89,23 @@ class ElectionState:
     """One node's election state; feed it heartbeats (``observe``) and ``tick`` it each heartbeat."""
 
     def __init__(
-        self, node_id: str, priority: int, *, started_at: float, grace_s: float, term: int = 0
+        self,
+        node_id: str,
+        priority: int,
+        *,
+        started_at: float,
+        grace_s: float,
+        term: int = 0,
+        max_term_jump: int = DEFAULT_MAX_TERM_JUMP,
     ) -> None:
-        """``term``: the highest term this node saw before a restart (0 if unknown)."""
-        if term < 0:
-            raise ValueError("term must be >= 0")
+        """``term``: the highest term this node saw before a restart (0 if unknown).
+        ``max_term_jump``: how far above the highest term seen a peer's term may be."""
+        if not 0 <= term <= MAX_TERM:
+            raise ValueError(f"term must be in 0..{MAX_TERM}")
+        if max_term_jump < 1:
+            raise ValueError("max_term_jump must be >= 1")
+        self.max_term_jump = max_term_jump
+        self._heard_term = False
         self.node_id = node_id
         self.priority = priority
         self._started_at = started_at
@@ -110,10 +140,25 @@ class ElectionState:
 
     # --- inputs --------------------------------------------------------------------------
 
+    def check_term(self, term: int) -> None:
+        """Raise ElectionError unless ``term`` may be believed: ``term_out_of_range`` (negative or over
+        ``MAX_TERM``) or ``term_jump`` (more than ``max_term_jump`` above the highest term seen, once
+        a first term was heard).  Callers check a heartbeat's or order's term before using it."""
+        if not 0 <= term <= MAX_TERM:
+            raise ElectionError(f"term_out_of_range: term {term} is not in 0..{MAX_TERM}")
+        if self._heard_term and term > self._max_seen + self.max_term_jump:
+            raise ElectionError(
+                f"term_jump: term {term} is more than {self.max_term_jump} above the highest term seen "
+                f"({self._max_seen}); raise [election] max_term_jump if the pool really moved that far"
+            )
+
     def observe(self, view: PeerView) -> None:
-        """Record an authenticated peer's heartbeat report.  Decisions happen in :meth:`tick`."""
+        """Record an authenticated peer's heartbeat report (its term checked by :meth:`check_term`:
+        ElectionError, and nothing recorded, when it is refused).  Decisions happen in :meth:`tick`."""
         if view.node_id == self.node_id:
             return
+        self.check_term(view.term)
+        self._heard_term = True
         self._views[view.node_id] = view
         self._max_seen = max(self._max_seen, view.term)
 
@@ -192,8 +237,10 @@ class ElectionState:
 
         Refused: a term below the highest seen (``stale_term``), or the current term
         from a node that is not its coordinator (``not_coordinator``).  A higher term
-        is a claim by the sender: this node follows it and returns that change.
+        is a claim by the sender: this node follows it and returns that change.  A term
+        :meth:`check_term` refuses is refused first (``term_out_of_range``, ``term_jump``).
         """
+        self.check_term(term)
         if term < self._max_seen or term < self._term:
             raise ElectionError(f"stale_term: order of term {term} but term {self._max_seen} was seen")
         if term == self._term:
@@ -202,4 +249,5 @@ class ElectionState:
                     f"not_coordinator: {sender_id[:12]} is not the coordinator of term {term}"
                 )
             return None
+        self._heard_term = True
         return self._set(sender_id, term, f"order from {sender_id[:12]} with a new term {term}")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from frenzyd.config import Config
-from frenzyd.errors import AuthError, PeerError
+from frenzyd.errors import AuthError, ElectionError, PeerError
 from frenzyd.net import auth, wire
 from frenzyd.net.dispatch import Counters
 from frenzyd.net.election import Change, ElectionState, PeerView
@@ -31,7 +31,7 @@ from frenzyd.net.transport import Transport
 
 log = logging.getLogger(__name__)
 
-MAX_HEARTBEAT_REPLY = 1 << 20
+MAX_HEARTBEAT_REPLY = wire.HEARTBEAT_MAX
 """Cap on a peer's heartbeat reply (bytes)."""
 
 
@@ -132,6 +132,7 @@ class Heartbeats:
 
     def heard(self, hb: Heartbeat) -> None:
         """Record an authenticated heartbeat: the peer table, the election's view, its address."""
+        self.election.check_term(hb.term)  # ElectionError: refused before anything is recorded
         now = self._clock()
         rec, revived = self.table.heard(hb, now)
         self.election.observe(PeerView(rec.node_id, rec.priority, rec.term, rec.coordinator))
@@ -226,6 +227,11 @@ class Heartbeats:
             return
         try:
             self.heard(hb)
+        except ElectionError as exc:  # a term out of range or too far ahead
+            self.book.failed(address, self._clock())
+            self.counters.dropped[str(exc).split(":", 1)[0]] += 1
+            log.warning("refused the heartbeat reply from %s: %s", address, exc)
+            return
         except AuthError as exc:  # the same node id is live at another address
             self.book.failed(address, self._clock())
             self.counters.auth_refusals[exc.reason] += 1

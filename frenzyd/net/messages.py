@@ -7,15 +7,18 @@ rest comes from the report provider (the job layer, ``Orchestrator.report``) and
 here: each GPU, lease and job is a map the job layer reads.
 
 Both classes are checked once, at the edge: a heartbeat whose report does not have this shape
-is dropped with reason ``schema``.  ``to_body``/``to_dict`` write the keys in the order the
-daemons have always sent them (the golden-frame test pins the bytes); a report key this
-version does not know is kept and sent after the known ones, so a newer peer's additions pass
-through; a report key that was absent stays absent (``None`` here).
+is dropped with reason ``schema``, and so is one whose GPU, lease or job entries carry a known
+field of the wrong type or out of range (``free_bytes`` that is not a byte count, say): what the
+status page, the metrics and the coordinator read from a report is valid by construction.
+``to_body``/``to_dict`` write the keys in the order the daemons have always sent them (the
+golden-frame test pins the bytes); a report key this version does not know is kept and sent after
+the known ones, so a newer peer's additions pass through; a report key that was absent stays
+absent (``None`` here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
@@ -27,8 +30,78 @@ REPORT_LISTS: Final = ("gpus", "leases", "jobs")
 """The report's lists of maps (one per GPU, lease, job), in wire order after the versions."""
 
 
+MAX_BYTES_FIELD: Final = 1 << 60
+"""Largest byte count a report may carry (1 EiB): larger is a bug or a lie."""
+MAX_COUNT_FIELD: Final = 1 << 31
+MAX_TEXT_FIELD: Final = 256
+MAX_ENTRIES: Final = 4096
+"""Most GPUs, leases or jobs one report may list."""
+
+
 def _wrong(key: str, value: object) -> FrameRejected:
     return FrameRejected("schema", f"heartbeat.report.{key}: wrong type {type(value).__name__}")
+
+
+def _is_int(value: object, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT_FIELD
+
+
+def _is_opt_text(value: object) -> bool:
+    return value is None or _is_text(value)
+
+
+def _is_share(value: object) -> bool:
+    # A fraction (0..1) today; a percentage is tolerated.  NaN and infinities are not.
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 100.0
+
+
+def _is_note(value: object) -> bool:
+    return value is None or (isinstance(value, str) and len(value) <= 16 * MAX_TEXT_FIELD)
+
+
+def _is_time(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                             and 0.0 <= value < 1e11)
+
+
+_FIELDS: Final[Mapping[str, Mapping[str, Callable[[object], bool]]]] = {
+    "gpus": {
+        "uuid": _is_text,
+        "type": _is_text,
+        "index": lambda v: _is_int(v, 0, 1 << 16),
+        "memory_bytes": lambda v: _is_int(v, 0, MAX_BYTES_FIELD),
+        "free_bytes": lambda v: _is_int(v, 0, MAX_BYTES_FIELD),
+        "utilization": _is_share,
+        "simulated": lambda v: isinstance(v, bool),
+        "offered": lambda v: isinstance(v, bool),
+        "foreign_processes": lambda v: _is_int(v, 0, MAX_COUNT_FIELD),
+        "leased_to": _is_opt_text,
+        "reason": _is_note,
+    },
+    "leases": {
+        "job_id": _is_text,
+        "attempt": lambda v: _is_int(v, 0, MAX_COUNT_FIELD),
+        "term": lambda v: _is_int(v, 0, 1 << 62),
+        "gpus": lambda v: isinstance(v, list) and all(_is_text(g) for g in v),
+    },
+    "jobs": {
+        "id": _is_text,
+        "name": _is_opt_text,
+        "state": _is_text,
+        "attempt": lambda v: v is None or _is_int(v, 0, MAX_COUNT_FIELD),
+        "created_at": _is_time,
+        "started_at": _is_time,
+        "finished_at": _is_time,
+        "updated_at": _is_time,
+        "ranks": lambda v: isinstance(v, list) and all(isinstance(r, Mapping) for r in v),
+    },
+}
+"""Per list, the fields the job layer, the status page and the metrics read, and what each must be
+when present (a field not named here passes as it is)."""
 
 
 def _maps(key: str, value: object) -> tuple[Mapping[str, Any], ...] | None:
@@ -36,6 +109,15 @@ def _maps(key: str, value: object) -> tuple[Mapping[str, Any], ...] | None:
         return None
     if not isinstance(value, list | tuple) or not all(isinstance(item, Mapping) for item in value):
         raise _wrong(key, value)
+    if len(value) > MAX_ENTRIES:
+        raise FrameRejected("schema", f"heartbeat.report.{key}: {len(value)} entries > {MAX_ENTRIES}")
+    checks = _FIELDS.get(key, {})
+    for i, item in enumerate(value):
+        for field_name, ok in checks.items():
+            if field_name in item and not ok(item[field_name]):
+                shown = str(item[field_name])[:40]
+                where = f"heartbeat.report.{key}[{i}].{field_name}"
+                raise FrameRejected("schema", f"{where}: invalid value {shown!r}")
     return tuple(value)
 
 

@@ -54,19 +54,22 @@ class PeerNetwork:
         self.config = config
         self.creds = creds
         self.election = election
+        election.max_term_jump = config.election.max_term_jump
         t = config.timing
         self.table = PeerTable(t.peer_timeout_s)
         self.book = AddressBook(base_s=t.heartbeat_s, max_s=max(8 * t.heartbeat_s, t.peer_timeout_s))
         for p in config.network.peers:
             self.book.add(str(p), "static", pinned=True)
         self.counters = Counters()
+        caps = dict(config.network.frame_caps)
         self.dispatch = Dispatcher(
             creds,
             election,
             self.counters,
-            # Payloads and results travel in 1 MiB chunks, so no peer frame needs more than the wire's
-            # default cap: an authenticated peer cannot make this node buffer a payload-sized body.
-            max_frame_bytes=max_frame_bytes or wire.DEFAULT_MAX + FRAME_OVERHEAD,
+            # Payloads and results travel in 1 MiB chunks and every kind has its own cap, so no peer
+            # frame needs more than the largest kind's: a peer cannot make this node buffer more.
+            max_frame_bytes=max_frame_bytes or wire.largest_cap(caps),
+            caps=caps,
             fallback=on_message,
             clock=clock,
         )

@@ -27,6 +27,7 @@ from frenzyd.config import Config
 from frenzyd.errors import AuthError, ConfigError, PeerError
 from frenzyd.net import auth, tls, wire
 from frenzyd.net.dispatch import Dispatcher, error_frame
+from frenzyd.net.gate import GatedTLSSite
 from frenzyd.net.peer_table import PeerTable
 from frenzyd.net.ratelog import RateLimitedLog
 
@@ -90,6 +91,8 @@ class Transport:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self.port: int | None = None
         self.address = config.network.advertise_address
+        self.site: GatedTLSSite | None = None
+        """The server's site (its ``unauthenticated`` count); None before start."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -104,14 +107,20 @@ class Transport:
             shutdown_timeout=max(0.5, self.config.timing.shutdown_deadline_s / 2),
         )
         await self._runner.setup()
-        listen = self.config.network.listen
-        site = web.TCPSite(
+        net = self.config.network
+        listen = net.listen
+        site = GatedTLSSite(
             self._runner,
             listen.host,
             listen.port,
-            ssl_context=tls.server_context(self.creds, self._count_handshake_failure),
+            tls.server_context(self.creds, self._count_handshake_failure),
+            handshake_timeout_s=net.handshake_timeout_s,
+            max_total=net.max_unauthenticated,
+            max_per_ip=net.max_unauthenticated_per_ip,
+            on_refused=self._count_door_refusal,
             backlog=128,
         )
+        self.site = site
         try:
             await site.start()
         except OSError as exc:
@@ -142,6 +151,7 @@ class Transport:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            self.site = None
 
     # --- requests in flight ------------------------------------------------------------------
 
@@ -167,6 +177,10 @@ class Transport:
             log.error("%s failed unexpectedly", task.get_name(), exc_info=exc)
 
     # --- the server side ---------------------------------------------------------------------
+
+    def _count_door_refusal(self, reason: str, ip: str) -> None:
+        self.counters.auth_refusals[reason] += 1
+        self._ratelog.warning(f"door:{reason}", "closed a connection from %s before TLS: %s", ip, reason)
 
     def _count_handshake_failure(self, reason: str) -> None:
         self.counters.auth_refusals[reason] += 1
@@ -240,7 +254,7 @@ class Transport:
             self.counters.auth_refusals[exc.reason] += 1
             raise self._fail(exc.reason, f"{address}: {exc}") from exc
         try:
-            reply = wire.decode(b"".join(chunks), max_bytes=max_reply)
+            reply = wire.decode(b"".join(chunks), max_bytes=max_reply, caps=self.dispatch.caps)
         except wire.FrameRejected as exc:
             self.counters.dropped[exc.reason] += 1
             raise self._fail("bad_reply", f"{address}: {exc}") from exc

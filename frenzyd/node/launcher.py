@@ -23,10 +23,10 @@ import os
 import signal
 import sys
 import tarfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from frenzyd.errors import LaunchError
 from frenzyd.node import supervisor
@@ -87,9 +87,28 @@ def run_key(job_id: str, attempt: int) -> str:
     return f"{job_id}.a{attempt}"
 
 
-def rank_env(spec: RankSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a rank: ``base`` (default: this process's), ``spec.env``, then the contract."""
-    env = dict(os.environ if base is None else base)
+ENV_ALLOW: Final = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "USER", "LOGNAME", "TERM",
+    "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+    "CUDA_*", "NCCL_*", "GLOO_*", "TORCH_*", "PYTORCH_*", "OMP_*",
+)
+"""What ranks take from the daemon's environment (``*``: a prefix); ``[launcher] env_allow`` adds
+names.  Everything else (``SSH_AUTH_SOCK``, cloud and API tokens, ``FRENZY_*`` of the daemon's own
+configuration) stays with the daemon."""
+
+
+def env_allowed(name: str, allow: Iterable[str] = ENV_ALLOW) -> bool:
+    """True when ``name`` matches an entry of ``allow`` (exactly, or by prefix for ``PREFIX*``)."""
+    return any(name.startswith(a[:-1]) if a.endswith("*") else name == a for a in allow)
+
+
+def rank_env(
+    spec: RankSpec, base: Mapping[str, str] | None = None, extra_allow: Iterable[str] = ()
+) -> dict[str, str]:
+    """The environment of a rank: the allow-listed part of ``base`` (default: this process's
+    environment; ``ENV_ALLOW`` plus ``extra_allow``), ``spec.env``, then the contract."""
+    allow = (*ENV_ALLOW, *extra_allow)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if env_allowed(k, allow)}
     env.update(spec.env)
     env.update(
         {
@@ -218,7 +237,11 @@ class Launcher:
         rendezvous_ports: tuple[int, int] = (0, 0),
         term_grace_s: float = TERM_GRACE_S,
         lease_s: float = 30.0,
+        *,
+        env_allow: Iterable[str] = (),
     ) -> None:
+        self.env_allow = tuple(env_allow)
+        """Names of the daemon's environment ranks get besides ``ENV_ALLOW`` (``[launcher] env_allow``)."""
         self.dir = Path(data_dir) / "launcher"
         self.pid_dir = self.dir / "pids"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
@@ -345,7 +368,7 @@ class Launcher:
             raise LaunchError(f"job {spec.job_id}: empty command; give a script after `run --`")
         if not spec.workdir.is_dir():
             raise LaunchError(f"job {spec.job_id}: workdir {spec.workdir} does not exist")
-        spec.output_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.output_dir)
         argv = list(spec.argv)
         if argv[0].endswith(".py"):
             argv.insert(0, sys.executable)
@@ -356,7 +379,8 @@ class Launcher:
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", _RANK_EXEC, str(os.getpid()), *argv,
-                cwd=str(spec.workdir), env=rank_env(spec), stdin=asyncio.subprocess.DEVNULL,
+                cwd=str(spec.workdir), env=rank_env(spec, extra_allow=self.env_allow),
+                stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True, **kwargs,  # type: ignore[arg-type]
             )
@@ -532,6 +556,20 @@ def pack_dir(path: Path, max_bytes: int) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents with mode 0700 (a job's run directories are its own:
+    other local users must not list or read them); an existing ``path`` is made 0700 too."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+
+
 def unpack(data: bytes, sha256hex: str, dest: Path, max_bytes: int) -> list[Path]:
     """Check and extract a :func:`pack_dir` archive into ``dest``; return the files written.
 
@@ -544,7 +582,7 @@ def unpack(data: bytes, sha256hex: str, dest: Path, max_bytes: int) -> list[Path
     if hashlib.sha256(data).hexdigest() != sha256hex:
         raise LaunchError("payload hash mismatch: the archive was altered or truncated in transit")
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    private_dir(dest)
     root = dest.resolve()
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
