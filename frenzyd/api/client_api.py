@@ -126,15 +126,25 @@ async def _events(request: web.Request) -> web.StreamResponse:
     orch.store.get(job_id)  # 404 before the stream starts
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
-    if follow:
-        async for ev in orch.store.follow(job_id):
-            await resp.write(json.dumps(ev).encode() + b"\n")
-    else:
-        first = {"type": "state", "job": orch.store.get(job_id).summary()}
-        await resp.write(json.dumps(first).encode() + b"\n")
-        for ev in orch.store.read_output(job_id):
-            await resp.write(json.dumps(ev).encode() + b"\n")
-    await resp.write_eof()
+    try:
+        if follow:
+            events = orch.store.follow(job_id)
+            try:
+                async for ev in events:
+                    await resp.write(json.dumps(ev).encode() + b"\n")
+            finally:  # unregister the follower now, not when the generator is collected
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+        else:
+            first = {"type": "state", "job": orch.store.get(job_id).summary()}
+            await resp.write(json.dumps(first).encode() + b"\n")
+            for ev in orch.store.read_output(job_id):
+                await resp.write(json.dumps(ev).encode() + b"\n")
+        await resp.write_eof()
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError too: the client went away
+        # `run` detached (Ctrl-C) or `logs -f | head` ended: the job goes on; nothing is wrong here.
+        log.debug("client left the event stream of job %s", job_id)
     return resp
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -287,3 +288,37 @@ async def test_earlier_results_are_never_shipped(env: Env) -> None:
     rc, _, err = await env.cli("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--results-dir",
                                "frenzy-results/mine", "--", "train.py", cwd=d)
     assert rc == 0, err
+
+
+async def test_a_detaching_client_is_not_an_error(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """``run`` followed a job and the user pressed Ctrl-C: the server's next write fails; that is the
+    client leaving, logged at debug at most, never an ERROR traceback."""
+    import aiohttp
+
+    d = job_dir(env.tmp, "import time\nfor i in range(6000):\n    print('tick', i, flush=True)\n"
+                         "    time.sleep(0.01)\n")
+    rc, out, err = await env.cli("run", "--detach", "--nproc", "1", "--mem-per-rank", "1GiB", "--",
+                                 "train.py", cwd=d)
+    assert rc == 0, err
+    job_id = out.strip()
+    orch = env.pool.nodes["a"].orch
+    caplog.set_level(logging.DEBUG)
+    conn = aiohttp.UnixConnector(path=str(env.unix.path))
+    async with aiohttp.ClientSession(connector=conn) as s:
+        resp = await s.get(f"http://frenzyd/v1/jobs/{job_id}/events", params={"follow": "1"})
+        async for line in resp.content:
+            if b"tick 5" in line:
+                break
+        resp.close()  # the client goes away mid-stream
+    # the server keeps writing the ticks that follow into the closed connection
+    seen = 0
+    async with asyncio.timeout(60):
+        async for ev in orch.store.follow(job_id):
+            if ev["type"] == "output" and "tick" in ev["data"]:
+                seen += 1
+                if seen > 200:
+                    break
+    await asyncio.sleep(0.5)  # let the abandoned handler notice
+    await env.cli("cancel", job_id)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
