@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import re
 import sys
-import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from frenzy_client.results import extract_results
 from frenzyd.errors import ConfigError, FrenzyError
 
 if TYPE_CHECKING:
@@ -298,15 +297,9 @@ def _exit_code(state: str | None) -> int:
 
 
 def _extract_results(data: bytes, dest: Path) -> int:
-    """Unpack rank 0's result archive safely (no absolute paths, links or traversal); file count."""
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
-            members = [m for m in tf.getmembers() if m.isfile() or m.isdir()]
-            tf.extractall(dest, members=members, filter="data")
-            return sum(1 for m in members if m.isfile())
-    except (tarfile.TarError, OSError) as exc:
-        raise FrenzyError(f"result files could not be unpacked into {dest}: {exc}") from None
+    """Unpack rank 0's result archive safely (no absolute paths, links or traversal; expansion and
+    entry count capped, ``frenzy_client.results``); file count."""
+    return extract_results(data, dest)
 
 
 async def _run(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from frenzyd.errors import FrenzyError, JobStateError, LaunchError, WireError
+from frenzyd.errors import AuthError, FrenzyError, JobStateError, LaunchError, WireError
 from frenzyd.jobs.context import (
     CHUNK,
     RESUBMIT_S,
@@ -486,12 +486,23 @@ class SubmitterRole:
         """Rank 0's results, in chunks.  The current attempt's become the job's results; an earlier
         attempt's, arriving late while the job is not over, are kept aside until that attempt's
         late exit reports show whether it succeeded (``LateExits``).  Once a finished job has its
-        results, later copies are acknowledged and dropped."""
+        results, later copies are acknowledged and dropped.
+
+        Only the node that ran rank 0 of the attempt may send them, when this node knows the
+        attempt's placement (``AuthError`` ``not_rank0_host``, counted by the peer layer); an
+        attempt whose placement never reached this node (its exit report, which carries it, comes
+        after the results) or an earlier attempt's late results cannot be checked this way."""
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
         rec = self.store.find(job_id)
         late = rec is not None and not rec.terminal and 0 < msg.attempt < rec.attempt
         if not late and self._current(JobResults.KIND, job_id, msg.attempt) is None:
             return Ack(False, f"stale attempt {msg.attempt}")
+        rank0 = _rank0_host(rec, msg.attempt)
+        if rank0 is not None and peer != rank0:
+            log.warning("job %s: refused results of attempt %d from node %s, which did not run its rank 0",
+                        job_id, msg.attempt, peer[:12])
+            raise AuthError("not_rank0_host", f"results of job {job_id} attempt {msg.attempt} from node "
+                            f"{peer[:12]}, but its rank 0 ran on {rank0[:12]}")
         if total > self.max_result_bytes or off < 0:
             raise LaunchError(f"results of {total} bytes exceed the cap of {self.max_result_bytes}")
         key = (job_id, msg.attempt)
@@ -618,3 +629,11 @@ class SubmitterRole:
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
                 await self.ctx.send(peer, JobFinished(rec.id, attempt or rec.attempt), SEND_TIMEOUT_S)
+
+
+def _rank0_host(rec: JobRecord | None, attempt: int) -> str | None:
+    """The node that runs rank 0 of ``attempt`` as ``rec`` places it; None when ``rec`` does not
+    hold that attempt's placement."""
+    if rec is None or rec.attempt != attempt:
+        return None
+    return next((r.peer for r in rec.ranks if r.rank == 0), None)
