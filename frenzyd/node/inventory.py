@@ -48,6 +48,8 @@ class GpuProcess:
     """GPU memory it holds; None when NVML does not say (another user's process, WDDM, MIG)."""
     name: str | None = None
     """Executable name (basename); None when it cannot be read (another user, hidden /proc)."""
+    compute: bool = False
+    """NVML lists it as a compute (CUDA) process, not only a graphics one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +425,8 @@ class NvmlBackend(GpuBackend):
                 old = by_pid.get(pid)
                 if old is not None and old.used_bytes is not None:
                     used_bytes = max(old.used_bytes, used_bytes or 0)
-                by_pid[pid] = GpuProcess(pid, used_bytes, old.name if old else self._name(pid))
+                by_pid[pid] = GpuProcess(pid, used_bytes, old.name if old else self._name(pid),
+                                         compute=kind == "compute" or (old is not None and old.compute))
         unknown = "; ".join(problems) if problems else None
         return tuple(by_pid[p] for p in sorted(by_pid)), unknown
 
@@ -526,7 +529,9 @@ def offerable(gpus: Iterable[GpuInfo], min_free_bytes: int, min_free_fraction: f
 
 def classify(g: GpuInfo, own: set[int], ignore: frozenset[str]) -> GpuInfo:
     """Tell Frenzy's processes, allow-listed ones (their memory subtracted from ``free_bytes``) and
-    the owner's apart.  A process whose name cannot be read counts as the owner's."""
+    the owner's apart.  A process whose name cannot be read counts as the owner's, and so does an
+    allow-listed name running CUDA work (a job named ``Xorg`` is still a job): the allow-list is for
+    display servers, which NVML lists as graphics processes only."""
     named = {p.pid: p for p in g.processes}
     owner: list[GpuProcess] = []
     ignored: list[str] = []
@@ -535,7 +540,7 @@ def classify(g: GpuInfo, own: set[int], ignore: frozenset[str]) -> GpuInfo:
         if pid in own:
             continue
         proc = named.get(pid, GpuProcess(pid))
-        if proc.name is not None and proc.name in ignore:
+        if proc.name is not None and proc.name in ignore and not proc.compute:
             ignored.append(proc.name)
             ignored_bytes += proc.used_bytes or 0
             continue

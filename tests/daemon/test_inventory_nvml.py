@@ -9,6 +9,7 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml as real
@@ -332,3 +333,31 @@ def test_a_gpu_lost_later_stays_listed_and_withheld() -> None:
     assert g.type == "RTX-3090"
     assert g.free_bytes == 0
     assert withheld_reason(g) == "NVML query failed: GPU is lost"
+
+
+def test_an_allow_listed_name_doing_cuda_work_is_the_owners() -> None:
+    """Naming a CUDA job 'Xorg' does not hide it: allow-listed names count only as graphics processes."""
+    nv = fake_nvml([FakeGpu(used=5 * GIB, compute=[Proc(66, 5 * GIB)], graphics=[Proc(66, 5 * GIB)])],
+                   names={66: "Xorg"})
+    (g,) = snap(nv)
+    assert g.processes[0].compute
+    assert g.foreign_processes == 1
+    assert "Xorg" in (withheld_reason(g) or "")
+
+
+def test_ignore_processes_config() -> None:
+    from frenzyd.config import config_from_dict
+    from frenzyd.errors import ConfigError
+
+    def load(owner: dict[str, Any]) -> Any:
+        raw = {"node": {"name": "n", "data_dir": "/tmp/x"}, "pool": {"credentials": "/tmp/c"}, "owner": owner}
+        return config_from_dict(raw, {}, base=Path("/tmp")).owner.ignore_processes
+
+    assert load({}) == DEFAULT_IGNORE_PROCESSES
+    assert {"Xorg", "Xwayland", "gnome-shell", "kwin_wayland", "plasmashell"} <= set(DEFAULT_IGNORE_PROCESSES)
+    assert load({"ignore_processes": ["Xorg", "my-kiosk"]}) == ("Xorg", "my-kiosk")
+    assert load({"ignore_processes": []}) == ()
+    with pytest.raises(ConfigError, match=r"\[owner\] ignore_processes"):
+        load({"ignore_processes": 3})
+    with pytest.raises(ConfigError, match="did you mean 'ignore_processes'"):
+        load({"ignore_process": ["Xorg"]})
