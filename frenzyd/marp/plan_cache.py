@@ -22,7 +22,8 @@ What a plan depends on (``plans.count_plan``), and so the key:
 Peer identities, which peers hold the GPUs and anything else of the offer are not part of it.
 
 Bounded: at most ``maxsize`` job shapes (least recently used evicted), each with at most
-``TYPES_PER_JOB`` per-type entries and ``BUDGETS_PER_TYPE`` budget intervals per entry.
+``TYPES_PER_JOB`` per-type entries and ``BUDGETS_PER_TYPE`` budget intervals per entry; the tensor
+peaks behind them (``plans.Peaks``, shared by every type) for the ``PEAK_SHAPES`` most recent shapes.
 Safe to call from several threads without a lock: every mapping operation is a single atomic
 operation under the GIL and entries are immutable, so a race costs a recomputation, never a wrong
 answer.
@@ -59,6 +60,11 @@ TYPES_PER_JOB = 64
 """Per-type entries kept per job shape (type x speed x per-node bound x calibration raise)."""
 BUDGETS_PER_TYPE = 4
 """Budget intervals kept per type entry (e.g. total memory and today's smallest free memory)."""
+PEAK_SHAPES = 32
+"""Job shapes whose tensor peaks are kept (by setup; they do not depend on the GPU type): a type's plans
+recomputed for another budget or per-peer bound then predict nothing again."""
+PEAKS_PER_SHAPE = 16384
+"""Tensor peaks kept per job shape (a few thousand over a 1,000-peer pool; ~250 B each)."""
 
 _JobKey = tuple[ModelSpec, TrainingSetup, bool, AnalyticConstants]
 _TypeKey = tuple[str, float, int, bool, float]
@@ -102,6 +108,7 @@ class PlanCache:
             raise ValueError(f"maxsize must be >= 0 (0 disables the cache), got {maxsize}")
         self.maxsize = maxsize
         self._jobs: OrderedDict[_JobKey, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
+        self._peaks: OrderedDict[_JobKey, Peaks] = OrderedDict()
         self._hits = self._misses = self._counts = 0
 
     def stats(self) -> CacheStats:
@@ -109,6 +116,7 @@ class PlanCache:
 
     def clear(self) -> None:
         self._jobs.clear()
+        self._peaks.clear()
         self._hits = self._misses = self._counts = 0
 
     def feasible_plans(
@@ -145,7 +153,7 @@ class PlanCache:
             with contextlib.suppress(KeyError):  # evicted by another thread: `types` still answers
                 self._jobs.move_to_end(jkey)
         plans: list[Plan] = []
-        peaks: Peaks = {}  # shared by this call's types (a per-job store would cost memory per shape)
+        peaks = self._shape_peaks(jkey)
         for pool in pools:
             limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
             extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
@@ -154,6 +162,21 @@ class PlanCache:
                                           peaks=peaks))
         plans.sort(key=plan_order)
         return plans
+
+    def _shape_peaks(self, jkey: _JobKey) -> Peaks:
+        peaks = self._peaks.get(jkey)
+        if peaks is None or len(peaks) > PEAKS_PER_SHAPE:
+            peaks = {}
+            self._peaks[jkey] = peaks
+            while len(self._peaks) > PEAK_SHAPES:
+                try:
+                    self._peaks.popitem(last=False)
+                except KeyError:  # emptied by another thread
+                    break
+        else:
+            with contextlib.suppress(KeyError):
+                self._peaks.move_to_end(jkey)
+        return peaks
 
     def _type_plans(
         self, types: dict[_TypeKey, tuple[_Entry, ...]], pool: GpuPool, limit: int, *, model: ModelSpec,

@@ -201,6 +201,13 @@ def job_shape(setup: TrainingSetup) -> TrainingSetup:
                    zero=0)
 
 
+def _variant(job: TrainingSetup, shape: _Shape, micro_batch: int, zero: int) -> TrainingSetup:
+    """``replace(job, micro_batch=, zero=, dp=, tp=, pp=)`` without ``replace``'s introspection (hot)."""
+    return TrainingSetup(seq_len=job.seq_len, micro_batch=micro_batch, dtype=job.dtype,
+                         global_batch=job.global_batch, optimizer=job.optimizer, recompute=job.recompute,
+                         zero=zero, dp=shape.dp, tp=shape.tp, pp=shape.pp)
+
+
 def count_plan(
     model: ModelSpec,
     job: TrainingSetup,
@@ -229,10 +236,10 @@ def count_plan(
         zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
         # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
         # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
-        probe = replace(job, micro_batch=1, dp=shape.dp, tp=shape.tp, pp=shape.pp, zero=zeros[-1])
+        probe = _variant(job, shape, 1, zeros[-1])
         if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra, peaks=peaks)) and (
             shape.dp == 1
-            or not budget.fits(_bytes_per_gpu(model, replace(probe, zero=1), pool.gpu_type, constants,
+            or not budget.fits(_bytes_per_gpu(model, _variant(job, shape, 1, 1), pool.gpu_type, constants,
                                                 extra, peaks=peaks))
         ):
             continue
@@ -241,11 +248,11 @@ def count_plan(
             fit: tuple[TrainingSetup, int] | None = None
             if trainer_only:  # what runs depends on the micro-batch only through grad_accum
                 micros = [m for m in _divisors(per_dp)
-                          if runs(replace(probe, micro_batch=m, zero=zero), model)]
+                          if runs(_variant(job, shape, m, zero), model)]
             lo, hi = 0, len(micros) - 1
             while lo <= hi:  # memory grows with the micro-batch: binary search
                 mid = (lo + hi) // 2
-                cand = replace(probe, micro_batch=micros[mid], zero=zero)
+                cand = _variant(job, shape, micros[mid], zero)
                 b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra, peaks=peaks)
                 if budget.fits(b):
                     fit = (cand, b)
