@@ -489,9 +489,9 @@ class SubmitterRole:
         results, later copies are acknowledged and dropped.
 
         Only the node that ran rank 0 of the attempt may send them, when this node knows the
-        attempt's placement (``AuthError`` ``not_rank0_host``, counted by the peer layer); an
-        attempt whose placement never reached this node (its exit report, which carries it, comes
-        after the results) or an earlier attempt's late results cannot be checked this way."""
+        attempt's placement (else ``AuthError`` ``not_rank0_host``, logged); an attempt whose
+        placement never reached this node (its exit report, which carries it, comes after the
+        results) or an earlier attempt's late results cannot be checked this way."""
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
         rec = self.store.find(job_id)
         late = rec is not None and not rec.terminal and 0 < msg.attempt < rec.attempt

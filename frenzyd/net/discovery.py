@@ -5,7 +5,14 @@ TXT records carry hints only (``id`` node id, ``pool`` pool id = CA fingerprint,
 so a discovered peer is just an address until it proves pool membership over TLS
 (``frenzyd.net.transport``).  Liveness never comes from here: zeroconf caches records for
 long and does not notice a crashed peer.  Malformed announcements are dropped and
-counted (``dropped`` by reason); the number of services tracked is capped.
+counted (``dropped`` by reason).
+
+Only services of this node's pool are remembered (``[network] mdns_max_entries`` of them, the
+least recently announced evicted first, each forgotten ``mdns_entry_ttl_s`` after its last
+announcement); another pool's are counted and dropped.  An announcement whose records zeroconf
+already holds is handled at once, without a lookup; lookups in flight are capped, and a name
+that finds them all busy waits in a bounded queue for the next free one.  So a host that floods
+the LAN with forged pool ids neither grows memory nor keeps a new member from being found.
 This is the only module that imports zeroconf.
 """
 
@@ -16,7 +23,8 @@ import ipaddress
 import logging
 import re
 import socket
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 from zeroconf import (
@@ -38,8 +46,10 @@ from frenzyd.net.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 
 SERVICE_TYPE = "_frenzy._tcp.local."
-MAX_TRACKED = 512
-"""Cap on services remembered and lookups in flight (an mDNS flood cannot grow memory)."""
+MAX_LOOKUPS = 32
+"""Lookups (zeroconf queries for a service's records) in flight at once."""
+MAX_WAITING = 1024
+"""Names waiting for a free lookup; past this the oldest waiting name is dropped."""
 LOOKUP_TIMEOUT_MS = 3000
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -98,19 +108,32 @@ def _interface_addresses(config: Config) -> list[str]:
 class Discovery:
     """Announce this node and browse for peers with python-zeroconf (AsyncZeroconf)."""
 
-    def __init__(self, config: Config, creds: Credentials, port: int, on_found: OnFound) -> None:
+    def __init__(
+        self,
+        config: Config,
+        creds: Credentials,
+        port: int,
+        on_found: OnFound,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.creds = creds
         self.port = port
         self.on_found = on_found
         self.found: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
+        self.max_entries = config.network.mdns_max_entries
+        self.entry_ttl_s = config.network.mdns_entry_ttl_s
+        self._clock = clock
         self._azc: AsyncZeroconf | None = None
         self._browser: AsyncServiceBrowser | None = None
         self._info: AsyncServiceInfo | None = None
         self._announcing: object = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._seen: dict[str, tuple[str, ...]] = {}
+        self._waiting: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._seen: OrderedDict[str, tuple[tuple[str, ...], float]] = OrderedDict()
+        """Services of this pool: name -> (addresses and port, when it is forgotten)."""
         self._ratelog = RateLimitedLog(log)
         self.instance_name = f"{creds.node_name[:50]}-{creds.node_id[:8]}.{SERVICE_TYPE}"
 
@@ -143,6 +166,7 @@ class Discovery:
 
     async def stop(self) -> None:
         """Unregister, stop browsing and close the sockets (idempotent)."""
+        self._waiting.clear()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -157,6 +181,11 @@ class Discovery:
                 await self._azc.async_close()
             self._azc = None
 
+    @property
+    def tracked(self) -> int:
+        """Services remembered now (all of this pool)."""
+        return len(self._seen)
+
     def _on_change(
         self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
     ) -> None:
@@ -165,12 +194,30 @@ class Discovery:
             return
         if name == self.instance_name:
             return
-        if len(self._tasks) >= MAX_TRACKED or (name not in self._seen and len(self._seen) >= MAX_TRACKED):
-            self.dropped["too_many"] += 1
+        info = AsyncServiceInfo(service_type, name)
+        if info.load_from_cache(zeroconf):  # the announcement carried its records: no lookup
+            self._take(name, info)
+            return
+        self._lookup(zeroconf, service_type, name)
+
+    def _lookup(self, zeroconf: Zeroconf, service_type: str, name: str) -> None:
+        if len(self._tasks) >= MAX_LOOKUPS:
+            self.dropped["busy"] += 1
+            self._waiting[(service_type, name)] = None
+            self._waiting.move_to_end((service_type, name))
+            while len(self._waiting) > MAX_WAITING:
+                self._waiting.popitem(last=False)
+                self.dropped["too_many_waiting"] += 1
             return
         task = asyncio.get_running_loop().create_task(self._resolve(zeroconf, service_type, name))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._lookup_done(zeroconf, t))
+
+    def _lookup_done(self, zeroconf: Zeroconf, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._waiting and self._azc is not None:
+            (service_type, name), _ = self._waiting.popitem(last=False)
+            self._lookup(zeroconf, service_type, name)
 
     async def _resolve(self, zeroconf: Zeroconf, service_type: str, name: str) -> None:
         try:
@@ -178,6 +225,18 @@ class Discovery:
             if not await info.async_request(zeroconf, LOOKUP_TIMEOUT_MS):
                 self.dropped["no_answer"] += 1
                 return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # zeroconf decode paths: an announcement must not break the browser
+            self.dropped["lookup_failed"] += 1
+            log.debug("mDNS: lookup of %s failed: %s", name, exc)
+            return
+        self._take(name, info)
+
+    def _take(self, name: str, info: AsyncServiceInfo) -> None:
+        """An announcement with its records: remember it when it is of this pool, tell ``on_found``
+        when it is new or moved."""
+        try:
             hints = parse_hints(dict(info.properties or {}))
             port = info.port
             addrs = tuple(a for a in info.parsed_addresses(IPVersion.V4Only) if _is_ipv4(a))
@@ -185,27 +244,39 @@ class Discovery:
             self.dropped["bad_txt"] += 1
             self._ratelog.warning("bad_txt", "mDNS: ignoring the announcement of %s: %s", name[:80], exc)
             return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # zeroconf decode paths: an announcement must not break the browser
-            self.dropped["lookup_failed"] += 1
-            log.debug("mDNS: lookup of %s failed: %s", name, exc)
-            return
         if hints["id"] == self.creds.node_id:
+            return
+        if hints["pool"] != self.creds.pool_id:  # another pool (or a forgery): never tracked
+            self.found["other_pool"] += 1
+            self.dropped["other_pool"] += 1
+            self._seen.pop(name, None)
             return
         if not port or not addrs:
             self.dropped["no_address"] += 1
             return
-        if self._seen.get(name) == (*addrs, str(port)):
+        now = self._clock()
+        key = (*addrs, str(port))
+        old = self._seen.pop(name, None)
+        self._expire(now)
+        self._seen[name] = (key, now + self.entry_ttl_s)
+        while len(self._seen) > self.max_entries:
+            self._seen.popitem(last=False)  # the least recently announced
+            self.dropped["evicted"] += 1
+        if old is not None and old[0] == key and old[1] > now:
             return
-        self._seen[name] = (*addrs, str(port))
-        same = hints["pool"] == self.creds.pool_id
         for a in addrs:
-            self.found["same_pool" if same else "other_pool"] += 1
+            self.found["same_pool"] += 1
             try:
                 self.on_found(f"{a}:{port}", dict(hints))
             except Exception:
                 log.exception("discovery callback failed for %s", name)
+
+    def _expire(self, now: float) -> None:
+        while self._seen:
+            name, (_, until) = next(iter(self._seen.items()))
+            if until > now:
+                return
+            del self._seen[name]
 
 
 def _is_ipv4(text: str) -> bool:
