@@ -23,7 +23,7 @@ Peer identities, which peers hold the GPUs and anything else of the offer are no
 
 Bounded: at most ``maxsize`` job shapes (least recently used evicted), each with at most
 ``TYPES_PER_JOB`` per-type entries and ``BUDGETS_PER_TYPE`` budget intervals per entry; the tensor
-peaks behind them (``plans.Peaks``, shared by every type) for the ``PEAK_SHAPES`` most recent shapes.
+peaks and per-shape answers behind them (``plans.Memo``) for the ``MEMO_SHAPES`` most recent shapes.
 Safe to call from several threads without a lock: every mapping operation is a single atomic
 operation under the GIL and entries are immutable, so a race costs a recomputation, never a wrong
 answer.
@@ -43,7 +43,7 @@ from frenzyd.marp.plans import (
     CALIBRATED_TORCH,
     DEFAULT_HEADROOM,
     Budget,
-    Peaks,
+    Memo,
     count_plan,
     feasible_plans,
     job_shape,
@@ -60,11 +60,13 @@ TYPES_PER_JOB = 64
 """Per-type entries kept per job shape (type x speed x per-node bound x calibration raise)."""
 BUDGETS_PER_TYPE = 4
 """Budget intervals kept per type entry (e.g. total memory and today's smallest free memory)."""
-PEAK_SHAPES = 32
-"""Job shapes whose tensor peaks are kept (by setup; they do not depend on the GPU type): a type's plans
-recomputed for another budget or per-peer bound then predict nothing again."""
-PEAKS_PER_SHAPE = 16384
-"""Tensor peaks kept per job shape (a few thousand over a 1,000-peer pool; ~250 B each)."""
+MEMO_SHAPES = 32
+"""Job shapes whose ``plans.Memo`` is kept (tensor peaks by setup, each dp x tp x pp's best variant per
+type and budget interval): a type's plans recomputed after the pool changed (another free-memory
+budget, per-peer bound or count) then mostly look answers up instead of predicting them."""
+MEMO_SIZE = 32768
+"""Entries one job shape's memo may hold before it starts afresh (a few thousand over a 1,000-peer
+pool; ~250 B each)."""
 
 _JobKey = tuple[ModelSpec, TrainingSetup, bool, AnalyticConstants]
 _TypeKey = tuple[str, float, int, bool, float]
@@ -108,7 +110,7 @@ class PlanCache:
             raise ValueError(f"maxsize must be >= 0 (0 disables the cache), got {maxsize}")
         self.maxsize = maxsize
         self._jobs: OrderedDict[_JobKey, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
-        self._peaks: OrderedDict[_JobKey, Peaks] = OrderedDict()
+        self._memos: OrderedDict[_JobKey, Memo] = OrderedDict()
         self._hits = self._misses = self._counts = 0
 
     def stats(self) -> CacheStats:
@@ -116,7 +118,7 @@ class PlanCache:
 
     def clear(self) -> None:
         self._jobs.clear()
-        self._peaks.clear()
+        self._memos.clear()
         self._hits = self._misses = self._counts = 0
 
     def feasible_plans(
@@ -153,35 +155,35 @@ class PlanCache:
             with contextlib.suppress(KeyError):  # evicted by another thread: `types` still answers
                 self._jobs.move_to_end(jkey)
         plans: list[Plan] = []
-        peaks = self._shape_peaks(jkey)
+        memo = self._memo(jkey)
         for pool in pools:
             limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
             extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
             plans.extend(self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
                                           constants=constants, extra=extra, trainer_only=trainer_only,
-                                          peaks=peaks))
+                                          memo=memo))
         plans.sort(key=plan_order)
         return plans
 
-    def _shape_peaks(self, jkey: _JobKey) -> Peaks:
-        peaks = self._peaks.get(jkey)
-        if peaks is None or len(peaks) > PEAKS_PER_SHAPE:
-            peaks = {}
-            self._peaks[jkey] = peaks
-            while len(self._peaks) > PEAK_SHAPES:
+    def _memo(self, jkey: _JobKey) -> Memo:
+        memo = self._memos.get(jkey)
+        if memo is None or len(memo) > MEMO_SIZE:
+            memo = Memo()
+            self._memos[jkey] = memo
+            while len(self._memos) > MEMO_SHAPES:
                 try:
-                    self._peaks.popitem(last=False)
+                    self._memos.popitem(last=False)
                 except KeyError:  # emptied by another thread
                     break
         else:
             with contextlib.suppress(KeyError):
-                self._peaks.move_to_end(jkey)
-        return peaks
+                self._memos.move_to_end(jkey)
+        return memo
 
     def _type_plans(
         self, types: dict[_TypeKey, tuple[_Entry, ...]], pool: GpuPool, limit: int, *, model: ModelSpec,
         job: TrainingSetup, headroom: float, constants: AnalyticConstants, extra: float, trainer_only: bool,
-        peaks: Peaks,
+        memo: Memo,
     ) -> Sequence[Plan]:
         if limit < 1:
             return ()
@@ -207,7 +209,7 @@ class PlanCache:
         new = []
         for gpus in range(first, limit + 1):
             p = count_plan(model, job, pool, gpus, rec, constants=constants, extra=extra,
-                           trainer_only=trainer_only, peaks=peaks)
+                           trainer_only=trainer_only, memo=memo)
             if p is not None:
                 new.append(p)
         self._counts += limit - first + 1

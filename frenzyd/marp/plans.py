@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from frenzyd.errors import InfeasibleError
 from frenzyd.gpu_types import GPU_TYPES
@@ -208,6 +208,68 @@ def _variant(job: TrainingSetup, shape: _Shape, micro_batch: int, zero: int) -> 
                          zero=zero, dp=shape.dp, tp=shape.tp, pp=shape.pp)
 
 
+_Best = tuple[float, TrainingSetup, int]
+"""A shape's fastest fitting variant: (step time, setup, bytes per GPU)."""
+_ShapeKey = tuple[str, float, float, int, int, int, bool]
+"""GPU type, speed, calibration raise, dp, tp, pp, spans peers."""
+
+
+@dataclass(slots=True)
+class Memo:
+    """What enumerating one job's plans learnt that holds for any pool: tensor peaks by setup (they do
+    not depend on the GPU type) and each shape's fastest fitting variant, by GPU type, speed,
+    calibration raise, dp/tp/pp and whether it spans peers, for the budget intervals it was found
+    under (``Budget``).  For one model, job shape, ``trainer_only`` and constants."""
+
+    peaks: Peaks = field(default_factory=dict)
+    shapes: dict[_ShapeKey, tuple[tuple[float, float, _Best | None], ...]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.peaks) + len(self.shapes)
+
+
+def _shape_best(
+    model: ModelSpec, job: TrainingSetup, pool: GpuPool, shape: _Shape, budget: Budget, *,
+    constants: AnalyticConstants, extra: float, trainer_only: bool, peaks: Peaks | None,
+) -> _Best | None:
+    """The fastest fitting (ZeRO stage, micro-batch) of ``shape`` on ``pool``'s type, or None."""
+    per_dp = job.effective_global_batch // shape.dp
+    micros = _divisors(per_dp)
+    zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
+    # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
+    # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
+    probe = _variant(job, shape, 1, zeros[-1])
+    if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra, peaks=peaks)) and (
+        shape.dp == 1
+        or not budget.fits(_bytes_per_gpu(model, _variant(job, shape, 1, 1), pool.gpu_type, constants,
+                                            extra, peaks=peaks))
+    ):
+        return None
+    best: _Best | None = None
+    for zero in zeros:
+        # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
+        fit: tuple[TrainingSetup, int] | None = None
+        if trainer_only:  # what runs depends on the micro-batch only through grad_accum
+            micros = [m for m in _divisors(per_dp) if runs(_variant(job, shape, m, zero), model)]
+        lo, hi = 0, len(micros) - 1
+        while lo <= hi:  # memory grows with the micro-batch: binary search
+            mid = (lo + hi) // 2
+            cand = _variant(job, shape, micros[mid], zero)
+            b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra, peaks=peaks)
+            if budget.fits(b):
+                fit = (cand, b)
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        if fit is None:
+            continue
+        cand, b = fit
+        t = step_time_s(model, cand, pool)
+        if best is None or t < best[0]:
+            best = (t, cand, b)
+    return best
+
+
 def count_plan(
     model: ModelSpec,
     job: TrainingSetup,
@@ -218,66 +280,44 @@ def count_plan(
     constants: AnalyticConstants = DEFAULT_CONSTANTS,
     extra: float = 0.0,
     trainer_only: bool = False,
-    peaks: Peaks | None = None,
+    memo: Memo | None = None,
 ) -> Plan | None:
     """The fastest feasible plan of exactly ``gpus`` GPUs of ``pool``'s type, or None.
 
     ``job`` is :func:`job_shape`'s; ``extra`` the calibration's raise of the type's overhead.  Depends on
     ``pool`` only through its type, speed, ``gpus_per_node or count`` and (``gpu_memory_bytes`` of the
-    plan) its memory, and on the memory budget only through ``budget.fits``.  ``peaks``: tensor peaks
-    predicted before for this model and constants (filled in here).
+    plan) its memory, and on the memory budget only through ``budget.fits``.  ``memo``: what earlier
+    enumerations of this model, job shape, ``trainer_only`` and constants found (filled in here).
     """
-    global_batch = job.effective_global_batch
     per_node = pool.gpus_per_node or pool.count
-    best: Plan | None = None
-    for shape in _shapes(model, gpus, per_node, global_batch):
-        per_dp = global_batch // shape.dp
-        micros = _divisors(per_dp)
-        zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
-        # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
-        # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
-        probe = _variant(job, shape, 1, zeros[-1])
-        if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra, peaks=peaks)) and (
-            shape.dp == 1
-            or not budget.fits(_bytes_per_gpu(model, _variant(job, shape, 1, 1), pool.gpu_type, constants,
-                                                extra, peaks=peaks))
-        ):
-            continue
-        for zero in zeros:
-            # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
-            fit: tuple[TrainingSetup, int] | None = None
-            if trainer_only:  # what runs depends on the micro-batch only through grad_accum
-                micros = [m for m in _divisors(per_dp)
-                          if runs(_variant(job, shape, m, zero), model)]
-            lo, hi = 0, len(micros) - 1
-            while lo <= hi:  # memory grows with the micro-batch: binary search
-                mid = (lo + hi) // 2
-                cand = _variant(job, shape, micros[mid], zero)
-                b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra, peaks=peaks)
-                if budget.fits(b):
-                    fit = (cand, b)
-                    lo = mid + 1
-                else:
-                    hi = mid - 1
-            if fit is None:
-                continue
-            cand, b = fit
-            t = step_time_s(model, cand, pool)
-            if best is None or t < best.step_time_s:
-                best = Plan(
-                    gpu_type=pool.gpu_type,
-                    gpus=gpus,
-                    dp=cand.dp,
-                    tp=cand.tp,
-                    pp=cand.pp,
-                    zero=cand.zero,
-                    micro_batch=cand.micro_batch,
-                    grad_accum=cand.grad_accum,
-                    bytes_per_gpu=b,
-                    gpu_memory_bytes=pool.memory_bytes,
-                    step_time_s=t,
-                )
-    return best
+    best: _Best | None = None
+    for shape in _shapes(model, gpus, per_node, job.effective_global_batch):
+        found: _Best | None
+        if memo is None:
+            found = _shape_best(model, job, pool, shape, budget, constants=constants, extra=extra,
+                                trainer_only=trainer_only, peaks=None)
+        else:
+            key = (pool.gpu_type, pool.speed, extra, shape.dp, shape.tp, shape.pp, gpus > per_node)
+            known = memo.shapes.get(key, ())
+            hit = next((k for k in known if k[0] <= budget.limit < k[1]), None)
+            if hit is not None:  # the same comparisons would give the same answers
+                budget.fit_max, budget.miss_min = max(budget.fit_max, hit[0]), min(budget.miss_min, hit[1])
+                found = hit[2]
+            else:
+                own = Budget(budget.limit)
+                found = _shape_best(model, job, pool, shape, own, constants=constants, extra=extra,
+                                    trainer_only=trainer_only, peaks=memo.peaks)
+                budget.fit_max, budget.miss_min = max(budget.fit_max, own.fit_max), min(budget.miss_min,
+                                                                                      own.miss_min)
+                memo.shapes[key] = ((own.fit_max, own.miss_min, found), *known[:3])
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    if best is None:
+        return None
+    t, cand, b = best
+    return Plan(gpu_type=pool.gpu_type, gpus=gpus, dp=cand.dp, tp=cand.tp, pp=cand.pp, zero=cand.zero,
+                micro_batch=cand.micro_batch, grad_accum=cand.grad_accum, bytes_per_gpu=b,
+                gpu_memory_bytes=pool.memory_bytes, step_time_s=t)
 
 
 def plan_order(p: Plan) -> tuple[float, int, str]:
@@ -312,14 +352,14 @@ def feasible_plans(
     job = job_shape(setup)
     validate(model, job)
     plans: list[Plan] = []
-    peaks: Peaks = {}
+    memo = Memo()
     for pool in pools:
         limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
         budget = Budget(pool.memory_bytes / (1.0 + headroom))
         extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
         for gpus in range(1, limit + 1):
             best = count_plan(model, job, pool, gpus, budget, constants=constants, extra=extra,
-                              trainer_only=trainer_only, peaks=peaks)
+                              trainer_only=trainer_only, memo=memo)
             if best is not None:
                 plans.append(best)
     plans.sort(key=plan_order)
