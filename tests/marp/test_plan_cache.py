@@ -79,6 +79,10 @@ def test_cached_answer_equals_a_fresh_one(
     moved = [replace(p, count=max(0, p.count + d), memory_bytes=p.memory_bytes + m)
              for p, d, m in zip(gpools, (1, -1, 2), (5 << 20, -(3 << 20), 0), strict=False)]
     ask(SHARED, model, setup, moved, **kw)
+    # Fewer GPUs free on one peer (the per-peer bound falls), and much less memory free.
+    squeezed = [replace(p, gpus_per_node=max(1, (p.gpus_per_node or 2) - 1), memory_bytes=p.memory_bytes // 2)
+                for p in gpools]
+    ask(SHARED, model, setup, squeezed, **kw)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""The coordinator's scheduling pass at pool scale: many simulated members in one process (issue 18 (b)).
+
+Each pass runs what ``CoordinatorRole.tick`` runs to place the queue: ``offers_from_reports`` over
+every member's heartbeat report (the dict ``Orchestrator.report()`` produces, with the name and
+address the heartbeat adds) and ``placement.schedule`` (MARP's plans through the plan cache, HAS's
+``frenzy`` policy, the rank layout).  Nothing is mocked below those two calls.
+
+Members: ``--members`` workstations of ``--gpus`` GPUs of one type each, the types drawn from a lab
+mix (``GPU_MIX``); each GPU's free memory is its size less a desktop's use (0-1.5 GiB), moved by a
+few MiB every pass, and 3 % of GPUs are withheld by owner protection.  Jobs: a seeded catalogue of
+``--shapes`` experiment shapes (a MARP preset, seq_len, global batch, recompute, dtype, trainer or
+script; a fifth declared ``--nproc``/``--mem-per-rank`` jobs) drawn Zipf-like, and with probability
+``--novel`` a shape never seen before.  The pool starts busy (``--busy`` of GPUs leased to running
+jobs).  After each pass the jobs it started take their GPUs (leased in their members' reports),
+running jobs finish at random (their GPUs free again) and the queue is topped up: jobs leave it
+(started, or withdrawn at random) until at least ``--churn`` of it changed, and as many new jobs
+arrive.  The first pass runs on an empty plan cache and is reported apart (cold).
+
+``--no-cache`` runs the same passes with the plan cache off (every call enumerates MARP's plans
+afresh with ``plans.feasible_plans``): the coordinator as it was before the cache.
+
+Not measured here (they need the membership rewrite of issue 18): the in-memory transport with
+message loss, per-member messages per second, and the time until every member knows of a dead one.
+
+    python scripts/bench_scale.py --out bench-results/scale.json
+    python scripts/bench_scale.py --tiny --out /tmp/scale_tiny.json
+    python scripts/bench_scale.py --members 100 --queued 10,100 --no-cache --passes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import inspect
+import io
+import math
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchmeta import provenance, write_results  # noqa: E402
+
+from frenzyd.gpu_types import GPU_TYPES  # noqa: E402
+from frenzyd.jobs import placement  # noqa: E402
+from frenzyd.jobs.model import JobSpec  # noqa: E402
+from frenzyd.jobs.placement import QueuedJob, offers_from_reports, schedule  # noqa: E402
+from frenzyd.marp import plan_cache  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+PY, TORCH = "3.11.7", "2.13.0"
+
+GPU_MIX: tuple[tuple[str, float], ...] = (
+    ("RTX-3090", 0.25), ("RTX-4090", 0.20), ("RTX-A6000", 0.15), ("A100-80GB", 0.10),
+    ("V100-32GB", 0.10), ("T4", 0.08), ("A10", 0.07), ("L40S", 0.05),
+)
+"""A lab's workstations: consumer and workstation cards most, a few data-centre cards."""
+
+PRESETS: tuple[tuple[str, float, tuple[int, ...], tuple[int, ...]], ...] = (
+    # preset, weight, seq_len choices, global batch choices
+    ("gpt2", 0.15, (512, 1024), (16, 32, 64, 128)),
+    ("gpt2-medium", 0.15, (512, 1024), (16, 32, 64, 128)),
+    ("gpt2-large", 0.10, (1024,), (16, 32, 64)),
+    ("gpt2-xl", 0.08, (1024,), (16, 32, 64)),
+    ("llama-2-7b", 0.12, (2048, 4096), (32, 64, 128)),
+    ("llama-3-8b", 0.12, (2048, 4096), (32, 64, 128)),
+    ("mistral-7b", 0.10, (2048, 4096), (32, 64)),
+    ("qwen2.5-7b", 0.10, (2048,), (32, 64)),
+    ("llama-2-13b", 0.06, (2048,), (32, 64)),
+    ("llama-2-70b", 0.02, (2048,), (64, 128)),
+)
+"""MARP's shipped presets (the tiny test models left out) with shapes their users train."""
+
+DECLARED_SHARE = 0.2
+"""Jobs that declare ``--nproc``/``--mem-per-rank`` instead of a model (scripts MARP cannot see into)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    members: tuple[int, ...]
+    queued: tuple[int, ...]
+    passes: int
+
+
+FULL = Sizes(members=(100, 300, 1000), queued=(10, 100, 500), passes=20)
+TINY = Sizes(members=(20,), queued=(10, 40), passes=5)
+
+
+# --- the pool: members and their heartbeat reports ----------------------------------------------
+
+
+def _pick(rng: random.Random, weighted: Sequence[tuple[Any, float]]) -> Any:
+    return rng.choices([x for x, _ in weighted], weights=[w for _, w in weighted])[0]
+
+
+@dataclass
+class Member:
+    """A simulated workstation: what its ``Orchestrator.report()`` holds, kept as that dict."""
+
+    node_id: str
+    report: dict[str, Any]
+    used: list[int]
+    """Bytes the desktop holds on each GPU (its free memory is ``memory - used``)."""
+
+
+def make_members(n: int, gpus: int, rng: random.Random) -> list[Member]:
+    members = []
+    for i in range(n):
+        gtype = _pick(rng, GPU_MIX)
+        mem = GPU_TYPES[gtype].memory_bytes
+        used = [rng.randrange(0, 3 * GIB // 2) for _ in range(gpus)]
+        nid = f"{rng.getrandbits(128):032x}"
+        report = {
+            "python": PY, "torch": TORCH,
+            "gpus": [{"uuid": f"GPU-{nid[:8]}-{j}", "index": j, "type": gtype, "memory_bytes": mem,
+                      "free_bytes": mem - used[j], "utilization": 0, "simulated": False,
+                      "offered": rng.random() >= 0.03, "foreign_processes": 0, "leased_to": None}
+                     for j in range(gpus)],
+            "leases": [], "outbox": [], "jobs": [],
+            "name": f"ws-{i:04d}", "address": f"10.{i // 250}.{i % 250}.1:7470",
+        }
+        members.append(Member(nid, report, used))
+    return members
+
+
+def jitter(members: Sequence[Member], rng: random.Random) -> None:
+    """Desktops' memory use moves by a few MiB between heartbeats."""
+    for m in members:
+        for j, g in enumerate(m.report["gpus"]):
+            m.used[j] = max(0, m.used[j] + rng.randrange(-8 * MIB, 8 * MIB))
+            g["free_bytes"] = g["memory_bytes"] - m.used[j] if g["leased_to"] is None else 0
+
+
+# --- the jobs ------------------------------------------------------------------------------------
+
+
+def random_shape(rng: random.Random) -> dict[str, Any]:
+    """One experiment shape: a JobSpec's keyword arguments less the per-job ones."""
+    if rng.random() < DECLARED_SHARE:
+        return {"argv": ("train.py",), "nproc": rng.choice((1, 1, 2, 4, 4, 8)),
+                "mem_per_rank": rng.choice((6, 10, 14, 20, 30)) * GIB}
+    preset, seqs, batches = _pick(rng, [((p, s, b), w) for p, w, s, b in PRESETS])
+    trainer = rng.random() < 0.4
+    shape: dict[str, Any] = {"model": preset, "seq_len": rng.choice(seqs),
+                             "global_batch": rng.choice(batches), "recompute": rng.choice(("none", "full")),
+                             "dtype": rng.choice(("bf16-mixed", "bf16-mixed", "bf16"))}
+    if trainer:
+        shape |= {"argv": (), "trainer": True, "data_name": "data.jsonl"}
+    else:
+        shape |= {"argv": ("train.py",)}
+    return shape
+
+
+@dataclass
+class Jobs:
+    """The arrival process: a catalogue of shapes drawn Zipf-like, and now and then a novel one."""
+
+    rng: random.Random
+    catalogue: list[dict[str, Any]]
+    novel: float
+    made: int = 0
+    shapes_seen: set[str] = field(default_factory=set)
+
+    def new(self, now_s: float) -> QueuedJob:
+        if self.rng.random() < self.novel:
+            shape = random_shape(self.rng)
+        else:
+            weights = [1.0 / (k + 1) for k in range(len(self.catalogue))]
+            shape = self.rng.choices(self.catalogue, weights=weights)[0]
+        self.shapes_seen.add(repr(sorted(shape.items())))
+        self.made += 1
+        jid = f"job-{self.made:06d}"
+        steps = self.rng.choice((None, 200, 1000, 5000)) if not shape.get("trainer") else 1000
+        spec = JobSpec(payload_sha256="0" * 64, payload_size=1 << 20, python_version=PY, torch_version=TORCH,
+                       name=jid, steps=steps, **shape)
+        return QueuedJob(jid, spec, now_s)
+
+
+# --- one cell: members x queued, P passes --------------------------------------------------------
+
+
+def _policy_kwargs() -> dict[str, Any]:
+    """One HAS policy object for the whole run, as the coordinator keeps one per term (where
+    ``schedule`` takes it)."""
+    if "policy" not in inspect.signature(schedule).parameters:
+        return {}
+    from frenzyd.has.frenzy import FrenzyPolicy
+
+    return {"policy": FrenzyPolicy()}
+
+
+@dataclass
+class World:
+    """One cell's pool and queue, moved on after each pass as the coordinator's decisions and the
+    members' jobs would move them."""
+
+    members: list[Member]
+    jobs: Jobs
+    queue: list[QueuedJob]
+    rng: random.Random
+    now: float
+    by_uuid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    running: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    """Running job -> (its GPUs' uuids, passes it still runs)."""
+
+    @classmethod
+    def make(cls, members_n: int, queued_n: int, *, gpus: int, busy: float, shapes: int, novel: float,
+             seed: int) -> World:
+        rng = random.Random(seed * 1_000_003 + members_n * 1009 + queued_n)
+        members = make_members(members_n, gpus, rng)
+        jobs = Jobs(random.Random(rng.getrandbits(32)), [random_shape(rng) for _ in range(shapes)], novel)
+        now = 1_000_000.0
+        queue = [jobs.new(now - rng.uniform(0, 3600)) for _ in range(queued_n)]
+        w = cls(members, jobs, queue, rng, now, {g["uuid"]: g for m in members for g in m.report["gpus"]})
+        free = [u for u, g in w.by_uuid.items() if g["offered"]]
+        rng.shuffle(free)
+        for k in range(int(busy * len(free)) // 4):  # the pool starts busy: 4-GPU jobs running
+            w.lease(f"pre-{k}", free[4 * k: 4 * k + 4])
+        return w
+
+    def peers(self) -> dict[str, dict[str, Any]]:
+        """What ``ClusterView.peers`` holds: node id -> its latest heartbeat report."""
+        return {m.node_id: m.report for m in self.members}
+
+    def lease(self, job_id: str, uuids: list[str]) -> None:
+        for u in uuids:
+            self.by_uuid[u] |= {"leased_to": job_id, "free_bytes": 0}
+        self.running[job_id] = (uuids, self.rng.randint(1, 40))
+
+    def advance(self, started: Sequence[tuple[str, Any]], churn: float) -> int:
+        """Started jobs take their GPUs, running jobs finish, the queue turns over (at least ``churn`` of
+        it replaced); returns how many queued jobs left."""
+        for job_id, pl in started:
+            self.lease(job_id, [r.gpu for r in pl.ranks])
+        for job_id, (held, left) in list(self.running.items()):
+            if left <= 1:
+                for u in held:
+                    self.by_uuid[u]["leased_to"] = None
+                del self.running[job_id]
+            else:
+                self.running[job_id] = (held, left - 1)
+        size = len(self.queue)
+        ids = {j for j, _ in started}
+        self.queue = [q for q in self.queue if q.job_id not in ids]
+        need = max(1, math.ceil(churn * size)) - (size - len(self.queue))
+        for _ in range(max(0, min(need, len(self.queue)))):  # withdrawn (cancelled, or given up)
+            self.queue.pop(self.rng.randrange(len(self.queue)))
+        left = size - len(self.queue)
+        self.now += 5.0
+        self.queue += [self.jobs.new(self.now) for _ in range(left)]
+        jitter(self.members, self.rng)
+        return left
+
+
+def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: float, busy: float,
+             shapes: int, novel: float, seed: int, cache: bool, profile: bool) -> dict[str, Any]:
+    """``passes`` coordinator passes over one world, on a fresh plan cache (or none)."""
+    world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
+    previous = plan_cache.set_default_cache(plan_cache.PlanCache() if cache else plan_cache.PlanCache(0))
+    try:
+        kwargs = _policy_kwargs()
+        times: list[float] = []
+        cpu: list[float] = []
+        started = changed = infeasible = 0
+        prof = cProfile.Profile() if profile else None
+        for i in range(passes):
+            peers = world.peers()
+            reserved: dict[str, str] = {}
+            gc.collect()
+            if prof is not None and i > 0:
+                prof.enable()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            offers = offers_from_reports(peers, reserved)
+            sched = schedule(world.queue, offers, now_s=world.now, **kwargs)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+            if prof is not None:
+                prof.disable()
+            infeasible += len(sched.infeasible)
+            started += len(sched.start)
+            changed += world.advance(sched.start, churn)
+        stats = plan_cache.default_cache().stats()
+    finally:
+        plan_cache.set_default_cache(previous)
+    warm, warm_cpu = sorted(times[1:]), sorted(cpu[1:])
+    out: dict[str, Any] = {
+        "members": members_n, "gpus": members_n * gpus, "queued": queued_n, "passes": passes,
+        "cache": cache, "cold_s": times[0],
+        "median_s": statistics.median(warm) if warm else None,
+        "p95_s": _p95(warm) if warm else None,
+        "max_s": warm[-1] if warm else None,
+        "cpu_median_s": statistics.median(warm_cpu) if warm_cpu else None,
+        "cpu_p95_s": _p95(warm_cpu) if warm_cpu else None,
+        "pass_s": times,
+        "pass_cpu_s": cpu,
+        "started": started, "infeasible_reports": infeasible,
+        "queue_changed_per_pass": changed / passes / queued_n,
+        "distinct_shapes": len(world.jobs.shapes_seen),
+        "plan_cache": {"hits": stats.hits, "misses": stats.misses, "counts_computed": stats.counts_computed,
+                       "job_shapes": stats.job_shapes} if cache else None,
+    }
+    if prof is not None:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+        out["profile"] = buf.getvalue()
+    return out
+
+
+def _p95(xs: list[float]) -> float:
+    """Nearest-rank 95th percentile of an ascending list."""
+    return xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="CI size: 20 members, 10 and 40 queued, 5 passes")
+    ap.add_argument("--out", "--json", dest="out", type=Path, help="write the JSON results here")
+    ap.add_argument("--members", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+                    help="pool sizes (default 100,300,1000)")
+    ap.add_argument("--queued", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+                    help="queue lengths (default 10,100,500)")
+    ap.add_argument("--gpus", type=int, default=4, help="GPUs per member (default 4)")
+    ap.add_argument("--passes", type=int, default=None, help="passes per cell, the cold one included "
+                    "(default 20; tiny 5)")
+    ap.add_argument("--churn", type=float, default=0.05, help="least share of the queue replaced per pass")
+    ap.add_argument("--busy", type=float, default=0.8, help="share of GPUs running jobs at the start")
+    ap.add_argument("--shapes", type=int, default=40, help="experiment shapes in the catalogue")
+    ap.add_argument("--novel", type=float, default=0.05, help="chance a new job has a shape never seen")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-cache", action="store_true", help="MARP's plan cache off: every call enumerates "
+                    "plans afresh (the coordinator before the cache)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the warm passes; print the top")
+    args = ap.parse_args(argv)
+    base = TINY if args.tiny else FULL
+    sizes = Sizes(base.members if args.members is None else args.members,
+                  base.queued if args.queued is None else args.queued,
+                  base.passes if args.passes is None else args.passes)
+    for name, v in (("--passes", sizes.passes), ("--gpus", args.gpus), ("--shapes", args.shapes)):
+        if v < 1:
+            ap.error(f"{name} must be at least 1")
+    if not 0.0 <= args.churn <= 1.0 or not 0.0 <= args.busy < 1.0 or not 0.0 <= args.novel <= 1.0:
+        ap.error("--churn and --novel must be in [0, 1], --busy in [0, 1)")
+    if min(sizes.members) < 1 or min(sizes.queued) < 1:
+        ap.error("--members and --queued must be positive")
+    prov = provenance()
+    cells = []
+    print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'cold ms':>10}{'median ms':>11}{'p95 ms':>9}"
+          f"{'max ms':>9}{'cpu p95':>9}{'started':>9}{'shapes':>8}{'counts':>9}")
+    for m in sizes.members:
+        for q in sizes.queued:
+            cell = run_cell(m, q, gpus=args.gpus, passes=sizes.passes, churn=args.churn, busy=args.busy,
+                            shapes=args.shapes, novel=args.novel, seed=args.seed, cache=not args.no_cache,
+                            profile=args.profile)
+            cells.append(cell)
+            pc = cell["plan_cache"]
+            counts = pc["counts_computed"] if pc else "-"
+            print(f"{m:>8}{cell['gpus']:>7}{q:>8}{'on' if cell['cache'] else 'off':>7}"
+                  f"{_ms(cell['cold_s']):>10}{_ms(cell['median_s']):>11}{_ms(cell['p95_s']):>9}"
+                  f"{_ms(cell['max_s']):>9}{_ms(cell['cpu_p95_s']):>9}{cell['started']:>9}{cell['distinct_shapes']:>8}{counts:>9}",
+                  flush=True)
+            if args.profile:
+                print(cell["profile"])
+    target = next((c for c in cells if (c["members"], c["gpus"], c["queued"]) == (1000, 4000, 500)), None)
+    doc = {
+        "benchmark": "scale",
+        "what": "coordinator pass (offers_from_reports + placement.schedule) over simulated members' reports",
+        "settings": {"gpus_per_member": args.gpus, "passes": sizes.passes, "churn": args.churn,
+                     "busy": args.busy, "shapes": args.shapes, "novel": args.novel, "seed": args.seed,
+                     "plan_cache": not args.no_cache, "gpu_mix": dict(GPU_MIX),
+                     "presets": [p for p, *_ in PRESETS], "declared_share": DECLARED_SHARE,
+                     "schedule_signature": str(inspect.signature(placement.schedule))},
+        "not_measured": "membership (in-memory transport with 1 % loss, messages per member per second, "
+                        "time until a dead member is known): needs the membership rewrite of issue 18",
+        "target": {"pass_p95_s_below": 0.1, "at": "1000 members x 4 GPUs x 500 queued",
+                   "met": None if target is None or target["p95_s"] is None else target["p95_s"] < 0.1},
+        "cells": [{k: v for k, v in c.items() if k != "profile"} for c in cells],
+    }
+    if args.out:
+        write_results(args.out, doc, prov)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
