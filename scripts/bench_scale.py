@@ -56,7 +56,11 @@ from frenzyd.gpu_types import GPU_TYPES  # noqa: E402
 from frenzyd.jobs import placement  # noqa: E402
 from frenzyd.jobs.model import JobSpec  # noqa: E402
 from frenzyd.jobs.placement import QueuedJob, offers_from_reports, schedule  # noqa: E402
-from frenzyd.marp import plan_cache  # noqa: E402
+
+try:
+    from frenzyd.marp import plan_cache
+except ImportError:  # a checkout from before the plan cache: only --no-cache can run there
+    plan_cache = None  # type: ignore[assignment]
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -268,32 +272,42 @@ def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: fl
              shapes: int, novel: float, seed: int, cache: bool, profile: bool) -> dict[str, Any]:
     """``passes`` coordinator passes over one world, on a fresh plan cache (or none)."""
     world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
+    if plan_cache is None:  # the coordinator before the plan cache
+        if cache:
+            raise SystemExit("this checkout has no frenzyd.marp.plan_cache: run it with --no-cache")
+        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
     previous = plan_cache.set_default_cache(plan_cache.PlanCache() if cache else plan_cache.PlanCache(0))
     try:
-        kwargs = _policy_kwargs()
-        times: list[float] = []
-        cpu: list[float] = []
-        started = changed = infeasible = 0
-        prof = cProfile.Profile() if profile else None
-        for i in range(passes):
-            peers = world.peers()
-            reserved: dict[str, str] = {}
-            gc.collect()
-            if prof is not None and i > 0:
-                prof.enable()
-            t0, c0 = time.perf_counter(), time.thread_time()
-            offers = offers_from_reports(peers, reserved)
-            sched = schedule(world.queue, offers, now_s=world.now, **kwargs)
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.thread_time() - c0)
-            if prof is not None:
-                prof.disable()
-            infeasible += len(sched.infeasible)
-            started += len(sched.start)
-            changed += world.advance(sched.start, churn)
-        stats = plan_cache.default_cache().stats()
+        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
     finally:
         plan_cache.set_default_cache(previous)
+
+
+def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool, profile: bool,
+         gpus: int) -> dict[str, Any]:
+    members_n = len(world.members)
+    kwargs = _policy_kwargs()
+    times: list[float] = []
+    cpu: list[float] = []
+    started = changed = infeasible = 0
+    prof = cProfile.Profile() if profile else None
+    for i in range(passes):
+        peers = world.peers()
+        reserved: dict[str, str] = {}
+        gc.collect()
+        if prof is not None and i > 0:
+            prof.enable()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        offers = offers_from_reports(peers, reserved)
+        sched = schedule(world.queue, offers, now_s=world.now, **kwargs)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        if prof is not None:
+            prof.disable()
+        infeasible += len(sched.infeasible)
+        started += len(sched.start)
+        changed += world.advance(sched.start, churn)
+    stats = plan_cache.default_cache().stats() if plan_cache is not None else None
     warm, warm_cpu = sorted(times[1:]), sorted(cpu[1:])
     out: dict[str, Any] = {
         "members": members_n, "gpus": members_n * gpus, "queued": queued_n, "passes": passes,
@@ -309,7 +323,7 @@ def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: fl
         "queue_changed_per_pass": changed / passes / queued_n,
         "distinct_shapes": len(world.jobs.shapes_seen),
         "plan_cache": {"hits": stats.hits, "misses": stats.misses, "counts_computed": stats.counts_computed,
-                       "job_shapes": stats.job_shapes} if cache else None,
+                       "job_shapes": stats.job_shapes} if cache and stats is not None else None,
     }
     if prof is not None:
         buf = io.StringIO()
