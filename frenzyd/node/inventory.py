@@ -204,6 +204,19 @@ def _installed_nvml_py() -> str:
         return "unknown"
 
 
+class NvmlUnavailable(InventoryError):
+    """NVML cannot start; ``expected`` when that is normal for the machine (no NVIDIA driver or
+    nvidia-ml-py: a GPU-less box), not a GPU machine that is broken."""
+
+    def __init__(self, message: str, *, expected: bool = False) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+_NO_GPU_MACHINE: Final = frozenset({"NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded"})
+"""Start-up failures that mean the machine has no NVIDIA driver at all (logged at INFO)."""
+
+
 def init_failure_message(nv: ModuleType, exc: BaseException) -> str:
     """What an NVML failure at start means and what to do, for the log (never raises)."""
     mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
@@ -231,7 +244,7 @@ def init_failure_message(nv: ModuleType, exc: BaseException) -> str:
 
 
 class NvmlBackend(GpuBackend):
-    """Real GPUs through NVML.  Construction calls ``nvmlInit`` and raises InventoryError on failure.
+    """Real GPUs through NVML.  Construction calls ``nvmlInit``; :class:`NvmlUnavailable` on failure.
 
     ``nvml`` is the ``pynvml`` module (injected by tests); ``process_name`` names a pid when NVML
     cannot (default: /proc/PID/comm).
@@ -244,8 +257,8 @@ class NvmlBackend(GpuBackend):
             try:
                 import pynvml as nvml_mod
             except ImportError as exc:
-                raise InventoryError("NVML unavailable: the nvidia-ml-py package is not installed "
-                                     "(pip install nvidia-ml-py)") from exc
+                raise NvmlUnavailable("NVML unavailable: the nvidia-ml-py package is not installed "
+                                      "(pip install nvidia-ml-py)", expected=True) from exc
             nvml = nvml_mod
         self._nvml: ModuleType = nvml
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
@@ -263,7 +276,8 @@ class NvmlBackend(GpuBackend):
         try:
             nvml.nvmlInit()
         except self._errors as exc:
-            raise InventoryError(init_failure_message(nvml, exc)) from exc
+            raise NvmlUnavailable(init_failure_message(nvml, exc),
+                                  expected=type(exc).__name__ in _NO_GPU_MACHINE) from exc
         self.driver_version = self._optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
         self.cuda_driver_version = self._optional(self._cuda_version)
 
@@ -465,10 +479,9 @@ def open_backend(
     n = len(declared.snapshot())
     try:
         backend = NvmlBackend(nvml, process_name=process_name)
-    except InventoryError as exc:
-        quiet = any(s in str(exc) for s in ("not installed", "no NVIDIA driver", "driver is not loaded"))
-        log.log(logging.INFO if quiet else logging.WARNING, "%s (offering %d declared simulated device(s))",
-                exc, n)
+    except NvmlUnavailable as exc:
+        log.log(logging.INFO if exc.expected else logging.WARNING,
+                "%s (offering %d declared simulated device(s))", exc, n)
         return declared
     try:
         gpus = backend.snapshot()

@@ -171,7 +171,7 @@ def test_init_failure_is_a_clear_message_and_falls_back(
     (rec,) = [r for r in caplog.records if says in r.getMessage()]
     assert "2 declared simulated device(s)" in rec.getMessage()
     # a machine without the library or driver is normal (INFO); a broken GPU machine is a WARNING
-    quiet = "installed" in says or "not loaded" in says
+    quiet = "installed" in says or "not loaded" in says  # no driver at all: normal, not broken
     assert rec.levelno == (logging.INFO if quiet else logging.WARNING)
 
 
