@@ -399,12 +399,19 @@ def render_status(st: Mapping[str, Any], out: TextIO) -> None:
     print(f"coordinator: {who}", file=out)
     print("peers:", file=out)
     for p in st.get("peers", []):
-        print(f"  {p['name']:<16} {p['address']:<22} {'alive' if p['alive'] else 'DOWN'}", file=out)
-        for g in p.get("gpus", []):
+        gpus = p.get("gpus", [])
+        drivers = sorted({f"driver {g['driver_version']}, CUDA {g.get('cuda_driver_version') or '?'}"
+                          for g in gpus if g.get("driver_version")})
+        print(f"  {p['name']:<16} {p['address']:<22} {'alive' if p['alive'] else 'DOWN'}"
+              + (f"  ({'; '.join(drivers)})" if drivers else ""), file=out)
+        for g in gpus:
             sim = " simulated" if g.get("simulated") else ""
+            cc = f" cc {g['compute_capability']}" if g.get("compute_capability") else ""
             lease = f" leased to {g['leased_to']}" if g.get("leased_to") else ""
             free = f"{g['free_bytes'] / 2**30:7.1f}/{g['memory_bytes'] / 2**30:.1f} GiB free"
-            print(f"    {g['type']:<12} {free}  {g['uuid']}{sim}{lease}", file=out)
+            print(f"    {g['type']:<12} {free}  {g['uuid']}{sim}{cc}{lease}", file=out)
+            if g.get("offered") is False and not g.get("leased_to"):
+                print(f"      not offered: {g.get('reason') or 'the owner is using it'}", file=out)
     for o in st.get("other_versions") or []:
         print(f"  WARNING: member {o['id'][:12]} speaks wire protocol {o['protocol']}, not this node's; "
               "upgrade it (README: Upgrading)", file=out)

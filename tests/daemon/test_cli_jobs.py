@@ -322,3 +322,27 @@ async def test_a_detaching_client_is_not_an_error(env: Env, caplog: pytest.LogCa
     await env.cli("cancel", job_id)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def test_status_shows_why_a_gpu_is_not_offered_and_the_driver() -> None:
+    import io
+
+    from frenzy_client.cmd_jobs import render_status
+
+    gpu = {"uuid": "GPU-1", "type": "RTX-3090", "memory_bytes": 24 << 30, "free_bytes": 12 << 30,
+           "simulated": False, "leased_to": None, "offered": False, "compute_capability": "8.6",
+           "driver_version": "550.54.14", "cuda_driver_version": "12.4",
+           "reason": "cannot tell whether the owner uses it (compute processes: NVML answered Not Supported)"}
+    idle = {**gpu, "uuid": "GPU-2", "offered": True, "reason": None}
+    old = {k: v for k, v in gpu.items() if k not in ("reason", "compute_capability", "driver_version")}
+    st = {"node": {"id": "n" * 32, "name": "ws", "role": "peer", "term": 1}, "coordinator": None,
+          "peers": [{"id": "n" * 32, "name": "ws", "address": "10.0.0.1:7470", "alive": True,
+                     "gpus": [gpu, idle, {**old, "uuid": "GPU-3"}]}], "jobs": []}
+    out = io.StringIO()
+    render_status(st, out)
+    text = out.getvalue()
+    assert "(driver 550.54.14, CUDA 12.4)" in text
+    assert "GPU-1 cc 8.6" in text
+    assert "not offered: cannot tell whether the owner uses it (compute processes" in text
+    assert text.count("not offered") == 2  # GPU-3 (a peer without reasons) gets the generic one
+    assert "not offered: the owner is using it" in text
