@@ -165,3 +165,16 @@ async def test_node_report_carries_inventory_fields_and_reasons(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def test_an_unusable_data_dir_is_one_line(tmp_path: Path, pool_creds: dict[str, auth.Credentials]) -> None:
+    cfg = write_config(tmp_path, pool_creds["n1"], listen="127.0.0.1:0", web="127.0.0.1:0")
+    (tmp_path / "data").write_text("a file where the data directory should be\n")
+    cfg.write_text(cfg.read_text().replace(f'data_dir = "{tmp_path / "data"}"',
+                                           f'data_dir = "{tmp_path / "data" / "sub"}"'))
+    res = frenzyd(cfg)
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    (line,) = _error_lines(res.stderr)
+    assert line.startswith("frenzyd: error: ")
+    assert str(tmp_path / "data" / "sub") in line
