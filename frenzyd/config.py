@@ -217,6 +217,13 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ),
     (
         "jobs",
+        "min_run_s",
+        "120.0",
+        "least time a checkpointable job (the built-in trainer) runs on a placement before the scheduler "
+        "may preempt, shrink, grow or move it (each change costs a checkpoint and a restart)",
+    ),
+    (
+        "jobs",
         "retention_s",
         "604800.0",
         "how long a rank host keeps a finished attempt's exit status and results for a submitter "
@@ -389,6 +396,7 @@ class OwnerSection:
 class JobsSection:
     unplaceable_after_s: float = 3600.0
     retention_s: float = 7 * 24 * 3600.0
+    min_run_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -689,6 +697,7 @@ def config_from_dict(
     jobs = JobsSection(
         unplaceable_after_s=jb.float_("unplaceable_after_s", 3600.0),
         retention_s=jb.float_("retention_s", 7 * 24 * 3600.0),
+        min_run_s=jb.float_("min_run_s", 120.0),
     )
     return Config(
         node=node,

@@ -332,7 +332,10 @@ class FrenzyPolicy:
     name = "frenzy"
     round_s: float | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, *, min_run_s: float = SHRINK_MIN_RUN_S) -> None:
+        self.min_run_s = min_run_s
+        """Least time a job runs on a placement before HAS may shrink, move or upgrade it (the live
+        pool's ``scheduler.min_run_s``; the simulator keeps the tuned default)."""
         # What depends only on a job's plan set, keyed by the identity of its ``plans`` tuple (the
         # entry keeps the tuple alive, so the id cannot be reused): jobs of one shape (the simulator
         # shares one tuple per model, sequence and batch) share the work, one lookup per job.
@@ -599,7 +602,7 @@ class FrenzyPolicy:
             donors = usable[0] if len(usable) == 1 else heapq.merge(*usable)
             for neg_left, _, r in donors:
                 left = -neg_left
-                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+                if r.job.job_id in moved or now - r.started_s < self.min_run_s:
                     continue
                 if beat_s is not None and 2.0 * mine + r.job.restart_cost_s >= beat_s:
                     continue
@@ -663,7 +666,7 @@ class FrenzyPolicy:
             if have_n < need:
                 continue
             for neg_left, _, r in bucket:
-                if r.job.job_id in moved or now - r.started_s < SHRINK_MIN_RUN_S:
+                if r.job.job_id in moved or now - r.started_s < self.min_run_s:
                     continue
                 restart = r.job.restart_cost_s
                 budget = -2.0 * neg_left - restart  # m' must stay below 2·m − restart
@@ -745,7 +748,7 @@ class FrenzyPolicy:
         while heap and len(candidates) < UPGRADE_TRIES:
             neg_left, jid, run = heapq.heappop(heap)
             job = run.job
-            if now - run.started_s >= SHRINK_MIN_RUN_S and -neg_left > 2.0 * (
+            if now - run.started_s >= self.min_run_s and -neg_left > 2.0 * (
                 job.restart_cost_s + job.remaining_steps * self._shape(job).fastest
             ):
                 candidates.append((-neg_left, jid, run))

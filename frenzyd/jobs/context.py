@@ -102,7 +102,10 @@ class RankRun:
     """Set when the output pump has delivered (or given up on) everything after the ranks exited."""
     done: bool = False
     vacated: str = ""
-    """Why this node stopped the ranks itself (owner came back, daemon stopping); empty otherwise."""
+    """Why this node stopped the ranks itself (owner came back, daemon stopping, the scheduler
+    preempted the attempt); empty otherwise."""
+    preempted: bool = False
+    """Stopped by the scheduler's order (``JobStop.preempt``): the job is requeued, nothing was lost."""
     hosts_store: bool = False
 
     @property

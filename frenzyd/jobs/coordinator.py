@@ -39,7 +39,14 @@ from frenzyd.jobs.model import (
     JobTable,
     RankAssignment,
 )
-from frenzyd.jobs.placement import PeerOffer, Placement, QueuedJob, offers_from_reports, schedule
+from frenzyd.jobs.placement import (
+    PeerOffer,
+    Placement,
+    QueuedJob,
+    RunningInfo,
+    offers_from_reports,
+    schedule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +54,37 @@ log = logging.getLogger(__name__)
 class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext, *, min_run_s: float = 120.0) -> None:
         self.ctx = ctx
+        self.min_run_s = min_run_s
         self.table = JobTable()
         self._table_term = -1
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
         self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
+        self._reset()
+
+    def _reset(self) -> None:
+        """Everything that lives as long as one term: the policy (its caches), stops in flight, and
+        placements waiting for the GPUs those stops free."""
+        from frenzyd.has.frenzy import FrenzyPolicy
+
+        self.policy = FrenzyPolicy(min_run_s=self.min_run_s)
+        self._preempting: dict[tuple[str, int], set[str]] = {}  # attempt being preempted -> peers exited
+        self._pending: dict[str, tuple[Placement, float]] = {}  # job -> placement waiting for GPUs, until
+        self.preemptions = 0
+        """Preemption orders given in this term (shrink, grow, move and stop alike)."""
 
     def ensure_table(self, v: ClusterView) -> None:
         """Start a fresh soft job table when this node becomes coordinator of a new term."""
         if v.coordinator == self.ctx.node_id and self._table_term != v.term:
             log.info("coordinator for term %d: rebuilding the job view from peers' reports", v.term)
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), v.term
+            self._reset()
         elif v.coordinator != self.ctx.node_id and self._table_term != -1:
             log.info("no longer coordinator; dropping the soft job table")
             self.table, self._reserved, self._placing, self._table_term = JobTable(), {}, set(), -1
+            self._reset()
 
     def replace_after_s(self) -> float:
         """How long a peer must have been out of the view before its jobs are placed elsewhere: by
@@ -92,11 +114,17 @@ class CoordinatorRole:
                 self.ctx.spawn(self._tell_submitter(requeued), f"tell {rec.id}")
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
-        queue = [QueuedJob(q.id, q.spec, q.created_at)
-                 for q in self.table.queued() if q.id not in self._placing]
-        if not queue:
+        self._start_pending(v)
+        queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q))
+                 for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
+        movable = [self._running_info(v, r) for r in self.table.running()
+                   if r.spec.trainer and r.plan is not None and (r.id, r.attempt) not in self._preempting
+                   and r.id not in self._pending]
+        offers = self._offers(v)
+        if not queue and not (movable and any(g.available for p in offers for g in p.gpus)):
             return
-        sched = await asyncio.to_thread(schedule, queue, self._offers(v), now_s=self.ctx.clock())
+        sched = await asyncio.to_thread(schedule, queue, offers, now_s=self.ctx.clock(), running=movable,
+                                        policy=self.policy)
         for job_id, reason in sched.infeasible:
             # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
             # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
@@ -107,6 +135,13 @@ class CoordinatorRole:
             self.table.update(waiting)
             log.info("job %s waits: %s", job_id, reason)
             self.ctx.spawn(self._tell_submitter(waiting), f"tell {job_id}")
+        for job_id, why in sched.preempt:
+            self._preempt(job_id, why, v)
+        until = self.ctx.clock() + self._pending_ttl_s()
+        for job_id, pl in sched.pending:
+            self._pending[job_id] = (pl, until)
+            for r in pl.ranks:
+                self._reserved[r.gpu] = job_id
         for job_id, pl in sched.start:
             cur = self.table.get(job_id)
             if cur is None or cur.state != "queued" or job_id in self._placing:
@@ -116,12 +151,65 @@ class CoordinatorRole:
                 self._reserved[r.gpu] = job_id
             self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
 
+    def _pending_ttl_s(self) -> float:
+        """How long GPUs stay kept for a placement that waits on a preempted job's stop: its ranks'
+        grace and exit report, with room; after that HAS decides afresh."""
+        return 3 * self.ctx.lease_timeout_s + 30.0
+
+    @staticmethod
+    def _done_steps(v: ClusterView, rec: JobRecord) -> int:
+        """Steps a trainer job has done, as its submitter reports (0 when unknown)."""
+        for j in (v.peers.get(rec.submitter) or {}).get("jobs") or ():
+            if isinstance(j, dict) and j.get("id") == rec.id:
+                step_ = (j.get("progress") or {}).get("step") if isinstance(j.get("progress"), dict) else None
+                return step_ if isinstance(step_, int) and not isinstance(step_, bool) and step_ > 0 else 0
+        return 0
+
+    def _running_info(self, v: ClusterView, rec: JobRecord) -> RunningInfo:
+        assert rec.plan is not None
+        return RunningInfo(rec.id, rec.spec, rec.plan, tuple((r.peer, r.gpu_index) for r in rec.ranks),
+                           rec.started_at or self.ctx.clock(), self._done_steps(v, rec))
+
+    def _preempt(self, job_id: str, why: str, v: ClusterView) -> None:
+        """Stop a running checkpointable job for the scheduler: every rank gets SIGTERM and its grace
+        to checkpoint; the job is requeued (not lost) once all its peers have reported the exit."""
+        rec = self.table.get(job_id)
+        if rec is None or rec.state != "running" or (rec.id, rec.attempt) in self._preempting:
+            return
+        self._preempting[(rec.id, rec.attempt)] = set()
+        self.preemptions += 1
+        log.info("job %s attempt %d: preempting it (%s)", rec.id, rec.attempt, why)
+        self.ctx.spawn(self._stop_everywhere(rec, v.term, preempt=why), f"preempt {job_id}")
+
+    def _start_pending(self, v: ClusterView) -> None:
+        """Start the placements that waited for a preempted job's GPUs, once those GPUs are free."""
+        now = self.ctx.clock()
+        for job_id, (pl, until) in list(self._pending.items()):
+            cur = self.table.get(job_id)
+            if cur is None or cur.terminal or now > until:
+                del self._pending[job_id]
+                self._unreserve(job_id)
+                continue
+            if cur.state != "queued" or job_id in self._placing:
+                continue  # a stopped job's own new plan: it has not stopped yet
+            others = {g: j for g, j in self._reserved.items() if j != job_id}
+            free = {g.uuid for p in offers_from_reports(v.peers, others) for g in p.gpus if g.available}
+            if not all(r.gpu in free for r in pl.ranks):
+                continue
+            del self._pending[job_id]
+            self._placing.add(job_id)
+            log.info("job %s: the GPUs kept for it are free; starting it", job_id)
+            self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
+
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
         return offers_from_reports(v.peers, self._reserved)
 
     def _unreserve(self, job_id: str) -> None:
         for g in [g for g, j in self._reserved.items() if j == job_id]:
             del self._reserved[g]
+        for other, (pl, _) in self._pending.items():  # GPUs kept for a waiting placement stay kept
+            for r in pl.ranks:
+                self._reserved.setdefault(r.gpu, other)
 
     async def _begin_attempt(self, rec: JobRecord, term: int) -> int:
         """Ask the submitter for the job's next attempt number (0: it will not run; table updated)."""
@@ -219,9 +307,10 @@ class CoordinatorRole:
         return None
 
     async def _stop_everywhere(self, rec: JobRecord, term: int, only: list[str] | None = None,
-                               attempt: int | None = None) -> None:
-        """Stop the ranks of ``rec``'s attempt (or ``attempt``) on its peers (or ``only`` these)."""
-        stop = JobStop(rec.id, rec.attempt if attempt is None else attempt, term)
+                               attempt: int | None = None, preempt: str = "") -> None:
+        """Stop the ranks of ``rec``'s attempt (or ``attempt``) on its peers (or ``only`` these);
+        ``preempt``: a preemption by the scheduler (why), so the job is requeued, not failed."""
+        stop = JobStop(rec.id, rec.attempt if attempt is None else attempt, term, preempt)
         for peer in only if only is not None else rec.peers():
             try:
                 await self.ctx.send_order(peer, stop, SEND_TIMEOUT_S)
@@ -277,9 +366,23 @@ class CoordinatorRole:
         if known is None:
             return
         try:
+            key = (job_id, msg.attempt)
+            if key in self._preempting and known.state == "running" and known.attempt == msg.attempt:
+                # A preemption: the job is requeued once every peer's ranks have stopped (and
+                # written their part of the checkpoint), never while some still run.
+                self._preempting[key].add(peer)
+                if set(known.peers()) <= self._preempting[key]:
+                    del self._preempting[key]
+                    why = msg.reason or "preempted by the scheduler"
+                    requeued = step(known, Requeue(msg.attempt, why, lost=False), now=self.ctx.clock())
+                    self.table.update(requeued)
+                    self._unreserve(job_id)
+                    self.ctx.wake()
+                return
             if known.state == "running" and msg.vacated:
                 why = f"peer {peer[:12]} stopped while running ranks"
-                self.table.update(step(known, Requeue(msg.attempt, why), now=self.ctx.clock()))
+                self.table.update(step(known, Requeue(msg.attempt, why, lost=not msg.preempted),
+                                       now=self.ctx.clock()))
                 self._unreserve(job_id)
                 others = [p for p in known.peers() if p != peer]
                 await self._stop_everywhere(known, self.ctx.view().term, only=others)

@@ -15,11 +15,17 @@ tensor-parallel group never spans peers (DESIGN.md §3); ranks are numbered peer
 the order of the chosen GPUs so each tp group is contiguous.
 
 Each job's work for HAS's shortest-remaining-time order is its declared ``--steps`` (see
-``_declared_work`` for jobs that declare none).  A requeued job counts its whole declared work
-again: the daemon does not track a script's progress.
+``_declared_work`` for jobs that declare none), less the steps it has done (``RunningInfo``:
+the built-in trainer reports its progress; a script's is unknown).
 
-Not given to HAS: running jobs.  Their ranks are user scripts that cannot be resized or
-resumed, so HAS's grow/shrink/preempt moves are not offered; their GPUs are simply not free.
+Running jobs: the checkpointable ones (the built-in trainer: it checkpoints on SIGTERM and
+resumes on any plan) are given to HAS with their GPUs and progress, so HAS may preempt,
+shrink, grow or move them (DESIGN.md §8).  ``Schedule.preempt`` lists the running jobs to stop
+(the coordinator stops them with a preemption order: checkpoint, stop, requeue), and
+``Schedule.pending`` the placements that use GPUs those stops free (or a stopped job's own new,
+smaller or bigger, plan): the coordinator keeps those GPUs for them and starts them once the
+GPUs are free.  Other running jobs are scripts that cannot be resized or resumed: their GPUs
+are simply not free.
 """
 
 from __future__ import annotations
@@ -358,15 +364,33 @@ class QueuedJob:
     job_id: str
     spec: JobSpec
     arrival_s: float
+    done_steps: int = 0
+    """Steps its checkpoint keeps (a preempted trainer job), from its submitter's progress."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningInfo:
+    """A running checkpointable job as the scheduler sees it: its plan, its GPUs in rank order as
+    (peer, GPU index), when its attempt started (the caller's clock) and the steps it has done."""
+
+    job_id: str
+    spec: JobSpec
+    plan: JobPlan
+    gpus: tuple[tuple[str, int], ...]
+    started_s: float
+    done_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One scheduling pass: jobs to start now, jobs that can never run (with the reason)."""
+    """One scheduling pass: jobs to start now, jobs that can never run (with the reason), running
+    jobs to preempt (with the reason) and placements waiting for the GPUs those stops free."""
 
     start: tuple[tuple[str, Placement], ...]
     infeasible: tuple[tuple[str, str], ...]
     policy: str
+    preempt: tuple[tuple[str, str], ...] = ()
+    pending: tuple[tuple[str, Placement], ...] = ()
 
 
 def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[JobPlan]:
@@ -396,31 +420,64 @@ def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
     return replace(p, gpus=gpus)
 
 
-def _declared_work(views: list[Any], steps: dict[str, int | None]) -> list[Any]:
-    """Give HAS each job's work: its declared ``--steps``; a job that declares none counts as no
-    shorter than the longest declared job in the queue (on its fastest plan), so declaring work
-    never makes a job wait longer, and jobs that declare none keep their arrival order (HAS's aging)."""
+def _declared_work(
+    views: list[Any], run_views: list[Any], steps: Mapping[str, int | None], done: Mapping[str, int]
+) -> tuple[list[Any], list[Any]]:
+    """Give HAS each job's work: its declared ``--steps`` less the ``done`` steps a checkpoint keeps
+    (at least one step is left); a job that declares none counts as no shorter than the longest
+    declared job in the queue (on its fastest plan), so declaring work never makes a job wait
+    longer, and jobs that declare none keep their arrival order (HAS's aging)."""
     def fastest(v: Any) -> float:
         return min((p.step_time_s for p in v.plans), default=0.0)
 
     known = [float(k) * fastest(v) for v in views if (k := steps.get(v.job_id)) and fastest(v) > 0]
     longest = max(known, default=1.0)
-    out = []
-    for v in views:
+
+    def with_work(v: Any) -> Any:
         declared = steps.get(v.job_id)
         n = float(declared) if declared else (longest / fastest(v) if fastest(v) > 0 else 1.0)
-        out.append(replace(v, total_steps=n, remaining_steps=n))
-    return out
+        left = max(1.0, n - done.get(v.job_id, 0)) if declared else n
+        return replace(v, total_steps=n, remaining_steps=left)
+
+    return [with_work(v) for v in views], [with_work(v) for v in run_views]
+
+
+def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[PeerOffer], *,
+              headroom: float) -> tuple[Any, list[JobPlan]]:
+    """HAS's view of one job (its candidate plans, speed model) and the candidates as JobPlans;
+    ``FrenzyError`` when it cannot be planned."""
+    from frenzyd.has.interface import JobView
+    from frenzyd.has.speed import JobSpeed
+
+    if _is_model(spec):
+        cands = marp_plans(spec, matching, headroom=headroom, only_available=False)
+        params = 0
+    else:
+        cands = _declared_plans(spec, matching)
+        params = max(1, (spec.mem_per_rank or 0) // 16)
+    flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
+    speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+    plans = []
+    for c in cands:
+        base = _has_plan(c)
+        if not base.step_time_s:
+            base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
+        plans.append(base)
+    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=tuple(plans),
+                   speed=speed, total_steps=1.0, remaining_steps=1.0)
+    return view, cands
 
 
 def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
-    headroom: float = DEFAULT_HEADROOM,
+    headroom: float = DEFAULT_HEADROOM, running: Sequence[RunningInfo] = (), policy: Any = None,
 ) -> Schedule:
-    """Decide which queued jobs start now and where (HAS ``frenzy`` policy; see module docstring)."""
+    """Decide which queued jobs start now and where, and which running checkpointable jobs HAS
+    stops, shrinks, grows or moves (HAS ``frenzy`` policy, or ``policy``; see module docstring).
+
+    ``policy`` is the coordinator's one instance for its term, so its caches live across passes."""
     from frenzyd.has.frenzy import FrenzyPolicy
-    from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, Snapshot
-    from frenzyd.has.speed import JobSpeed
+    from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot
 
     infeasible: list[tuple[str, str]] = []
     views: list[Any] = []
@@ -429,28 +486,13 @@ def schedule(
         matching = [p for p in offers if versions_match(q.spec, p)]
         try:
             place(q.spec, offers, headroom=headroom)  # raises when it can never fit
-            model = q.spec.model is not None or q.spec.model_config is not None
-            cands = marp_plans(q.spec, matching, headroom=headroom, only_available=False) if model else []
+            view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom)
         except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
             infeasible.append((q.job_id, str(exc)))
             continue
-        if model:
-            params = 0
-        else:
-            cands = _declared_plans(q.spec, matching)
-            params = max(1, (q.spec.mem_per_rank or 0) // 16)
-        flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (q.spec.nproc or 1)
-        speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
-        plans = []
-        for c in cands:
-            base = _has_plan(c)
-            if not base.step_time_s:
-                base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
-            plans.append(base)
         candidates[q.job_id] = cands
-        views.append(JobView(job_id=q.job_id, arrival_s=q.arrival_s, requested_gpus=q.spec.nproc or 1,
-                             plans=tuple(plans), speed=speed, total_steps=1.0, remaining_steps=1.0))
-    views = _declared_work(views, {q.job_id: q.spec.steps for q in queue})
+        views.append(view)
+    declared = {q.job_id: q.spec.steps for q in queue}
     by_key: dict[tuple[str, int], OfferedGpu] = {}
     peer_of: dict[str, PeerOffer] = {}
     all_gpus: list[Any] = []
@@ -465,20 +507,55 @@ def schedule(
             if og.available:
                 free.append(hg)
             type_mem[og.type] = max(type_mem.get(og.type, 0), og.memory_bytes)
+    run_views: list[Any] = []
+    runs: list[tuple[RunningInfo, Any]] = []
+    for r in running:
+        gpus = [by_key.get(g) for g in r.gpus]
+        if not _is_model(r.spec) or any(g is None or g.available for g in gpus) or not r.gpus:
+            continue  # not HAS's to move (a script), or its peer's report does not show it running
+        matching = [p for p in offers if versions_match(r.spec, p)]
+        try:
+            view, cands = _job_view(r.spec, r.job_id, r.started_s, matching, headroom=headroom)
+        except FrenzyError:
+            continue
+        candidates[r.job_id] = cands
+        declared[r.job_id] = r.spec.steps
+        run_views.append(view)
+        runs.append((r, [Gpu(peer, idx, by_key[(peer, idx)].type) for peer, idx in r.gpus]))
+    done = {q.job_id: q.done_steps for q in queue} | {r.job_id: r.done_steps for r in running}
+    views, run_views = _declared_work(views, run_views, declared, done)
+    running_jobs = tuple(
+        RunningJob(job=v, plan=_has_plan(r.plan), gpus=tuple(g), started_s=r.started_s,
+                   step_time_s=r.plan.step_time_s or None)  # MARP's, as for the queued jobs' plans
+        for v, (r, g) in zip(run_views, runs, strict=True)
+    )
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
     snapshot = Snapshot(now_s=now_s, reason="arrival", cluster=Cluster(types, tuple(sorted(all_gpus))),
-                        free=tuple(sorted(free)), queued=tuple(views), running=())
-    decision = FrenzyPolicy().decide(snapshot, random.Random(0))
+                        free=tuple(sorted(free)), queued=tuple(views), running=running_jobs)
+    decision = (policy or FrenzyPolicy()).decide(snapshot, random.Random(0))
+    running_ids = {r.job.job_id for r in running_jobs}
+    preempted = [j for j in decision.preemptions if j in running_ids]
+    # A running job HAS places elsewhere (shrink, grow, move, upgrade) is stopped first, as well.
+    preempted += [pl.job_id for pl in decision.placements
+                  if pl.job_id in running_ids and pl.job_id not in preempted]
+    held_by = {g: r.job.job_id for r in running_jobs for g in r.gpus}
     start: list[tuple[str, Placement]] = []
+    pending: list[tuple[str, Placement]] = []
+    why: dict[str, str] = {}
     taken: set[str] = set()
-    specs = {q.job_id: q.spec for q in queue}
+    specs = {q.job_id: q.spec for q in queue} | {r.job_id: r.spec for r in running}
     for pl in decision.placements:
         spec = specs.get(pl.job_id)
         chosen = [by_key.get((hg.peer, hg.index)) for hg in pl.gpus]
-        need = int(pl.plan.bytes_per_gpu * (1 + headroom)) if spec is not None and _is_model(spec) else 0
-        usable = all(c is not None and c.available and c.uuid not in taken and c.free_bytes >= need
-                     for c in chosen)
-        if spec is None or not usable or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
+        if spec is None or any(c is None or c.uuid in taken for c in chosen) \
+                or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
+            continue
+        # GPUs a preempted job holds (its own included) are free once it has stopped.
+        waits = [hg for hg in pl.gpus if held_by.get(hg) in preempted]
+        need = int(pl.plan.bytes_per_gpu * (1 + headroom)) if _is_model(spec) else 0
+        ready = all(c is not None and c.available and c.free_bytes >= need
+                    for c, hg in zip(chosen, pl.gpus, strict=True) if hg not in waits)
+        if not ready or (pl.job_id in running_ids and pl.job_id not in preempted):
             continue  # HAS proposed a move the daemon does not make (see module docstring)
         groups: dict[str, list[OfferedGpu]] = {}
         for hg in pl.gpus:
@@ -491,11 +568,21 @@ def schedule(
         step = pl.plan.step_time_s if match.source == "marp" else None
         plan = replace(match, step_time_s=step, policy="frenzy", peers=len(ordered),
                        backend=_backend([og for _, gs in ordered for og in gs]))
-        start.append((pl.job_id, Placement(plan, _number(ordered))))
+        placement = Placement(plan, _number(ordered))
+        if waits or pl.job_id in running_ids:
+            pending.append((pl.job_id, placement))
+            for hg in waits:
+                donor = held_by[hg]
+                if donor != pl.job_id:
+                    why.setdefault(donor, f"making room for job {pl.job_id}")
+        else:
+            start.append((pl.job_id, placement))
+    for j in preempted:
+        why.setdefault(j, "moved to a new plan by the scheduler")
     # Declared jobs HAS could not place on one type: a mix of types may hold them now.
-    placed = {j for j, _ in start} | {j for j, _ in infeasible}
+    placed = {j for j, _ in start} | {j for j, _ in pending} | {j for j, _ in infeasible}
     for q in queue:
-        if q.job_id in placed or q.spec.model is not None or q.spec.model_config is not None:
+        if q.job_id in placed or _is_model(q.spec):
             continue
         rest = [_without(p, taken) for p in offers]
         mixed = place(q.spec, rest, headroom=headroom)
@@ -503,7 +590,8 @@ def schedule(
             mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
-    return Schedule(tuple(start), tuple(infeasible), "frenzy")
+    return Schedule(tuple(start), tuple(infeasible), "frenzy", tuple((j, why[j]) for j in preempted),
+                    tuple(pending))
 
 
 def job_model(spec: JobSpec) -> Any:

@@ -360,7 +360,8 @@ class RankHostRole:
                 await run.pumped.wait()
         report = JobExit(run.job_id, run.attempt, run.term, tuple(codes), self.ctx.node_id, run.record,
                          vacated=self.stopping or bool(run.vacated),
-                         reason=run.vacated or ("its daemon stopped" if self.stopping else ""))
+                         reason=run.vacated or ("its daemon stopped" if self.stopping else ""),
+                         preempted=run.preempted and not self.stopping)
         results: bytes | None = None
         if rank0_here and not report.vacated:
             try:
@@ -484,13 +485,22 @@ class RankHostRole:
         return out
 
     async def on_stop(self, peer: str, msg: JobStop) -> Ack:
-        """Stop the job's ranks here (only after the order's signature was verified)."""
+        """Stop the job's ranks here (only after the order's signature was verified).  A preemption
+        is the same stop (SIGTERM, the grace, SIGKILL), reported as vacated so the job is requeued."""
         key = (msg.job_id, msg.attempt)
         try:
             self._check_coordinator(peer, msg.term)
         except LeaseError as exc:
             return Ack(False, str(exc))
-        if key in self._runs:
+        run = self._runs.get(key)
+        if run is not None:
+            if msg.preempt:  # the ranks checkpoint within their grace: do not hold the order's reply
+                if not run.vacated and not run.done:
+                    run.vacated, run.preempted = f"preempted: {msg.preempt}", True
+                    log.info("job %s attempt %d: %s; stopping its ranks here", msg.job_id, msg.attempt,
+                             run.vacated)
+                self.ctx.spawn(self.launcher.cancel(*key), f"preempt {msg.job_id}")
+                return Ack()
             await self.launcher.cancel(*key)
         else:
             lease = self.leases.get(*key)

@@ -161,6 +161,7 @@ class SubmitterRole:
         self._acked: dict[str, tuple[str, int]] = {}  # job -> (coordinator, term) that has it
         self._resend_at: dict[str, float] = {}
         self._cancelling: set[str] = set()
+        self._preempted: dict[tuple[str, int], set[str]] = {}  # attempt being preempted -> peers stopped
         self._results_buf: dict[tuple[str, int], bytearray] = {}
         self._placing_seen: dict[tuple[str, int], float] = {}  # attempt in flight -> last sign of it
 
@@ -560,6 +561,21 @@ class SubmitterRole:
         # A peer reports only the ranks it was given.
         codes = own_codes(msg.exit_codes, mine, peer)
         try:
+            key = (mine.id, msg.attempt)
+            if mine.state == "running" and (msg.preempted or key in self._preempted):
+                # Requeued once every peer of the attempt has stopped (and written its part of the
+                # checkpoint): a new attempt must not start beside ranks still saving.
+                stopped = self._preempted.setdefault(key, set())
+                stopped.add(peer)
+                if not set(mine.peers()) <= stopped:
+                    return
+                del self._preempted[key]
+                rec = step(mine, Requeue(msg.attempt, msg.reason or "preempted", lost=False),
+                           now=self.ctx.clock())
+                self.store.save(rec)
+                self._acked.pop(rec.id, None)
+                log.info("job %s attempt %d: %s; requeued", rec.id, msg.attempt, rec.message)
+                return
             if mine.state == "running" and msg.vacated:
                 why = msg.reason or "it stopped"
                 why = f"vacated by peer {peer[:12]}: {why}"

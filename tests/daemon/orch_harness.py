@@ -71,6 +71,8 @@ class Pool:
         self.blind: set[str] = set()
         """Nodes that see no peer but themselves (a daemon just restarted, before any heartbeat)."""
         self.torch_version = "2.13.0"
+        self.min_run_s = 120.0
+        """``jobs.min_run_s`` of every node (a test of live preemption shrinks it)."""
 
     def view(self, me: str | None = None) -> ClusterView:
         peers = {nid: n.orch.report() | {"name": nid, "address": "127.0.0.1:1"}
@@ -105,7 +107,7 @@ class Pool:
             launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,
             versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=LEASE_S,
-            unplaceable_after_s=UNPLACEABLE_S,
+            unplaceable_after_s=UNPLACEABLE_S, min_run_s=self.min_run_s,
         )
         node = Node(nid, orch, decl, asyncio.Event())
         self.nodes[nid] = node

@@ -7,8 +7,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import InfeasibleError
+from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.jobs.model import JobSpec
-from frenzyd.jobs.placement import OfferedGpu, PeerOffer, QueuedJob, _pack, place, schedule
+from frenzyd.jobs.placement import (
+    OfferedGpu,
+    PeerOffer,
+    QueuedJob,
+    RunningInfo,
+    _pack,
+    marp_plans,
+    place,
+    schedule,
+)
 
 GIB = 1 << 30
 
@@ -218,3 +228,37 @@ def test_schedule_puts_undeclared_work_behind_shorter_declared_work() -> None:
     # Room for two: the undeclared job ties the long one and came first.
     offers = [peer("a", [("T4", 16, True)] * 4)]
     assert [j for j, _ in schedule(queue, offers, now_s=10.0).start] == ["short", "undeclared"]
+
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
+        "tie_word_embeddings": False, "attention_dropout": 0.0}
+
+
+def trainer_spec(steps: int) -> JobSpec:
+    return JobSpec(argv=(), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                   torch_version="2.13.0", model_config=TINY, seq_len=16, global_batch=8, steps=steps,
+                   dtype="fp32", trainer=True, data_name="corpus.txt")
+
+
+def test_schedule_preempts_a_long_running_job_for_a_short_one_and_keeps_its_gpus_for_it() -> None:
+    """HAS gets the running checkpointable jobs: on a full pool a short job makes a much longer one
+    stop; its placement waits (``pending``) for the GPU the stop frees.  A job that has run less than
+    the policy's ``min_run_s`` is left alone, and so is one whose GPU its peer does not show busy."""
+    busy = [peer("b", [("T4", 16, False)])]
+    long = trainer_spec(100_000)
+    plan = marp_plans(long, [peer("b", [("T4", 16, True)])], headroom=0.1, only_available=False)[0]
+    running = [RunningInfo("long", long, plan, (("b", 0),), started_s=0.0, done_steps=10)]
+    queue = [QueuedJob("short", trainer_spec(6), 50.0)]
+    sched = schedule(queue, busy, now_s=100.0, running=running, policy=FrenzyPolicy(min_run_s=2.0))
+    assert sched.preempt == (("long", "making room for job short"),)
+    (job, pl), = sched.pending
+    assert job == "short"
+    assert [(r.peer, r.gpu) for r in pl.ranks] == [("b", "b-0")]
+    assert sched.start == ()
+    young = schedule(queue, busy, now_s=100.0, running=running, policy=FrenzyPolicy(min_run_s=200.0))
+    assert (young.preempt, young.pending) == ((), ())
+    shown_free = schedule([], [peer("b", [("T4", 16, True)])], now_s=100.0, running=running,
+                          policy=FrenzyPolicy(min_run_s=2.0))
+    assert shown_free.preempt == ()
