@@ -21,6 +21,7 @@ Pure and deterministic: the same inputs give the same list.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -70,8 +71,9 @@ CALIBRATED_TORCH = "2.13"
 """The torch version MARP's predictions were validated for: the default calibration key."""
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def _peak_flops(pool: GpuPool) -> float:
@@ -144,21 +146,17 @@ def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> li
     return out
 
 
-Peaks = dict[TrainingSetup, int]
-"""Tensor peaks already predicted for one model and constants, by setup (they do not depend on the GPU
-type): shared by every type and count of one enumeration, and by the plan cache across calls."""
+_Variant = tuple[int, int, int, int, int]
+"""(micro-batch, ZeRO stage, dp, tp, pp) of a candidate of one job shape."""
+Peaks = dict[_Variant, int]
+"""Tensor peaks already predicted for one model, job shape and constants, by variant (they do not
+depend on the GPU type): shared by every type and count of one enumeration, and by the plan cache
+across calls."""
 
 
-def _bytes_per_gpu(
-    model: ModelSpec, setup: TrainingSetup, gpu_type: str, constants: AnalyticConstants, extra: float = 0.0,
-    *, peaks: Peaks | None = None,
-) -> int:
-    peak = None if peaks is None else peaks.get(setup)
-    if peak is None:
-        peak = predict(model, setup, constants=constants, check=False).peak_bytes
-        if peaks is not None:
-            peaks[setup] = peak
-    return peak + overhead_bytes(gpu_type, peak, setup.world_size) + int(extra * peak)
+def _bytes(gpu_type: str, peak: int, world_size: int, extra: float) -> int:
+    """A candidate's bytes per GPU: its tensor peak, the type's runtime overhead, the calibration's raise."""
+    return peak + overhead_bytes(gpu_type, peak, world_size) + int(extra * peak)
 
 
 def overhead_raise(
@@ -216,57 +214,70 @@ _ShapeKey = tuple[str, float, float, int, int, int, bool]
 
 @dataclass(slots=True)
 class Memo:
-    """What enumerating one job's plans learnt that holds for any pool: tensor peaks by setup (they do
-    not depend on the GPU type) and each shape's fastest fitting variant, by GPU type, speed,
-    calibration raise, dp/tp/pp and whether it spans peers, for the budget intervals it was found
-    under (``Budget``).  For one model, job shape, ``trainer_only`` and constants."""
+    """What enumerating one job's plans learnt that holds for any pool: tensor peaks and whether the
+    trainer runs a variant (neither depends on the GPU type), and each shape's fastest fitting
+    variant by GPU type, speed, calibration raise, dp/tp/pp and whether it spans peers, for the budget
+    intervals it was found under (``Budget``).  For one model, job shape, ``trainer_only`` and
+    constants."""
 
     peaks: Peaks = field(default_factory=dict)
+    runs: dict[_Variant, bool] = field(default_factory=dict)
     shapes: dict[_ShapeKey, tuple[tuple[float, float, _Best | None], ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.peaks) + len(self.shapes)
+        return len(self.peaks) + len(self.runs) + len(self.shapes)
 
 
 def _shape_best(
     model: ModelSpec, job: TrainingSetup, pool: GpuPool, shape: _Shape, budget: Budget, *,
-    constants: AnalyticConstants, extra: float, trainer_only: bool, peaks: Peaks | None,
+    constants: AnalyticConstants, extra: float, trainer_only: bool, memo: Memo,
 ) -> _Best | None:
     """The fastest fitting (ZeRO stage, micro-batch) of ``shape`` on ``pool``'s type, or None."""
+    peaks, gpus = memo.peaks, shape.dp * shape.tp * shape.pp
+
+    def nbytes(micro: int, zero: int) -> int:
+        key = (micro, zero, shape.dp, shape.tp, shape.pp)
+        peak = peaks.get(key)
+        if peak is None:
+            peak = peaks[key] = predict(model, _variant(job, shape, micro, zero), constants=constants,
+                                        check=False).peak_bytes
+        return _bytes(pool.gpu_type, peak, gpus, extra)
+
+    def trainer_runs(micro: int, zero: int) -> bool:
+        key = (micro, zero, shape.dp, shape.tp, shape.pp)
+        ok = memo.runs.get(key)
+        if ok is None:
+            ok = memo.runs[key] = runs(_variant(job, shape, micro, zero), model)
+        return ok
+
     per_dp = job.effective_global_batch // shape.dp
-    micros = _divisors(per_dp)
+    micros: Sequence[int] = _divisors(per_dp)
     zeros = (0, 1, 2, 3) if shape.dp > 1 else (0,)
     # The smallest variants of a shape are ZeRO-3 and (when FSDP2's unsharded root group
     # outweighs DDP's buckets, e.g. dp = 2) ZeRO-1 at micro-batch 1: if both miss, all do.
-    probe = _variant(job, shape, 1, zeros[-1])
-    if not budget.fits(_bytes_per_gpu(model, probe, pool.gpu_type, constants, extra, peaks=peaks)) and (
-        shape.dp == 1
-        or not budget.fits(_bytes_per_gpu(model, _variant(job, shape, 1, 1), pool.gpu_type, constants,
-                                            extra, peaks=peaks))
-    ):
+    if not budget.fits(nbytes(1, zeros[-1])) and (shape.dp == 1 or not budget.fits(nbytes(1, 1))):
         return None
     best: _Best | None = None
     for zero in zeros:
         # Largest micro-batch that fits is the fastest for this zero (fewer micro-steps).
-        fit: tuple[TrainingSetup, int] | None = None
+        fit: tuple[int, int] | None = None
         if trainer_only:  # what runs depends on the micro-batch only through grad_accum
-            micros = [m for m in _divisors(per_dp) if runs(_variant(job, shape, m, zero), model)]
+            micros = [m for m in _divisors(per_dp) if trainer_runs(m, zero)]
         lo, hi = 0, len(micros) - 1
         while lo <= hi:  # memory grows with the micro-batch: binary search
             mid = (lo + hi) // 2
-            cand = _variant(job, shape, micros[mid], zero)
-            b = _bytes_per_gpu(model, cand, pool.gpu_type, constants, extra, peaks=peaks)
+            b = nbytes(micros[mid], zero)
             if budget.fits(b):
-                fit = (cand, b)
+                fit = (micros[mid], b)
                 lo = mid + 1
             else:
                 hi = mid - 1
         if fit is None:
             continue
-        cand, b = fit
+        cand = _variant(job, shape, fit[0], zero)
         t = step_time_s(model, cand, pool)
         if best is None or t < best[0]:
-            best = (t, cand, b)
+            best = (t, cand, fit[1])
     return best
 
 
@@ -295,7 +306,7 @@ def count_plan(
         found: _Best | None
         if memo is None:
             found = _shape_best(model, job, pool, shape, budget, constants=constants, extra=extra,
-                                trainer_only=trainer_only, peaks=None)
+                                trainer_only=trainer_only, memo=Memo())
         else:
             key = (pool.gpu_type, pool.speed, extra, shape.dp, shape.tp, shape.pp, gpus > per_node)
             known = memo.shapes.get(key, ())
@@ -306,7 +317,7 @@ def count_plan(
             else:
                 own = Budget(budget.limit)
                 found = _shape_best(model, job, pool, shape, own, constants=constants, extra=extra,
-                                    trainer_only=trainer_only, peaks=memo.peaks)
+                                    trainer_only=trainer_only, memo=memo)
                 budget.fit_max, budget.miss_min = max(budget.fit_max, own.fit_max), min(budget.miss_min,
                                                                                       own.miss_min)
                 memo.shapes[key] = ((own.fit_max, own.miss_min, found), *known[:3])
