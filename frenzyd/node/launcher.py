@@ -586,9 +586,10 @@ def unpack(data: bytes, sha256hex: str, dest: Path, max_bytes: int) -> list[Path
     root = dest.resolve()
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = tar.getmembers()
+            members: list[tarfile.TarInfo] = []
             total = 0
-            for m in members:
+            for m in tar:  # headers as a stream: a bomb is refused at its first header over the cap
+                members.append(m)
                 if not (m.isfile() or m.isdir()):
                     raise LaunchError(f"payload entry {m.name!r} is not a plain file or directory")
                 target = (root / m.name).resolve()
