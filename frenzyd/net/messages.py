@@ -33,7 +33,6 @@ REPORT_LISTS: Final = ("gpus", "leases", "jobs")
 MAX_BYTES_FIELD: Final = 1 << 60
 """Largest byte count a report may carry (1 EiB): larger is a bug or a lie."""
 MAX_COUNT_FIELD: Final = 1 << 31
-MAX_TEXT_FIELD: Final = 256
 MAX_ENTRIES: Final = 4096
 """Most GPUs, leases or jobs one report may list."""
 
@@ -47,7 +46,9 @@ def _is_int(value: object, lo: int, hi: int) -> bool:
 
 
 def _is_text(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= MAX_TEXT_FIELD
+    # No length limit of its own (the frame cap bounds it): a long job name must not make its
+    # submitter's heartbeats, and so the node, disappear from the pool.
+    return isinstance(value, str)
 
 
 def _is_opt_text(value: object) -> bool:
@@ -59,8 +60,6 @@ def _is_share(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 100.0
 
 
-def _is_note(value: object) -> bool:
-    return value is None or (isinstance(value, str) and len(value) <= 16 * MAX_TEXT_FIELD)
 
 
 def _is_time(value: object) -> bool:
@@ -80,7 +79,7 @@ _FIELDS: Final[Mapping[str, Mapping[str, Callable[[object], bool]]]] = {
         "offered": lambda v: isinstance(v, bool),
         "foreign_processes": lambda v: _is_int(v, 0, MAX_COUNT_FIELD),
         "leased_to": _is_opt_text,
-        "reason": _is_note,
+        "reason": _is_opt_text,
     },
     "leases": {
         "job_id": _is_text,
