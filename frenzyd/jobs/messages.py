@@ -221,22 +221,32 @@ class JobStop(Body):
         return cls(_job_id(body), _attempt(body), body["term"], str(body.get("preempt", "")))
 
 
-@message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int}))
+@message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int},
+                                 optional={"what": str}))
 @dataclass(frozen=True, slots=True)
 class PayloadFetch(Body):
-    """GPU owner -> submitter: the next chunk of the job's packed directory, for an attempt."""
+    """GPU owner -> submitter: the next chunk of the job's packed directory (``what`` = ``payload``)
+    or of its latest complete checkpoint (``checkpoint``; total 0 when it has none), for an attempt."""
 
     job_id: str
     attempt: int
     offset: int
     length: int
+    what: str = "payload"
 
     def to_body(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt, "offset": self.offset, "length": self.length}
+        body: dict[str, Any] = {"job_id": self.job_id, "attempt": self.attempt, "offset": self.offset,
+                                "length": self.length}
+        if self.what != "payload":
+            body["what"] = self.what
+        return body
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(_job_id(body), _attempt(body), body["offset"], body["length"])
+        what = str(body.get("what", "payload"))
+        if what not in ("payload", "checkpoint"):
+            raise WireError(f"payload.fetch: unknown what {what!r}")
+        return cls(_job_id(body), _attempt(body), body["offset"], body["length"], what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +303,34 @@ class JobResults(Body):
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
         return cls(_job_id(body), _attempt(body), body["offset"], body["total"], body["data"])
+
+
+@message("job.checkpoint", Schema(required={"job_id": str, "attempt": int, "step": int, "hosts": int,
+                                            "offset": int, "total": int, "sha256": str, "data": bytes}),
+         max_bytes=CHUNK_FRAME_MAX)
+@dataclass(frozen=True, slots=True)
+class JobCheckpoint(Body):
+    """A rank host -> submitter: one chunk of this host's part (its ranks' shards) of the attempt's
+    newest complete checkpoint ``step``; the checkpoint is whole once the ``hosts`` hosts of the
+    attempt have each sent theirs.  ``sha256`` is of the whole part."""
+
+    job_id: str
+    attempt: int
+    step: int
+    hosts: int
+    offset: int
+    total: int
+    sha256: str
+    data: bytes
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt, "step": self.step, "hosts": self.hosts,
+                "offset": self.offset, "total": self.total, "sha256": self.sha256, "data": self.data}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(_job_id(body), _attempt(body), body["step"], body["hosts"], body["offset"], body["total"],
+                   body["sha256"], body["data"])
 
 
 @message("job.exit", Schema(required={"job_id": str, "attempt": int, "term": int, "codes": list, "peer": str},
@@ -437,10 +475,15 @@ class LaunchAck(Reply):
 
 @dataclass(frozen=True, slots=True)
 class PayloadChunk(Reply):
-    """A chunk of the packed job directory and the directory's total size."""
+    """A chunk of the packed job directory (or checkpoint), its total size and, for a checkpoint,
+    the sha256 of the whole archive."""
 
     data: bytes
     total: int
+    sha256: str = ""
 
     def to_body(self) -> dict[str, Any]:
-        return {"ok": True, "data": self.data, "total": self.total}
+        body: dict[str, Any] = {"ok": True, "data": self.data, "total": self.total}
+        if self.sha256:
+            body["sha256"] = self.sha256
+        return body

@@ -42,6 +42,7 @@ from frenzyd.jobs.messages import (
     Ack,
     JobAttempt,
     JobCancel,
+    JobCheckpoint,
     JobExit,
     JobFinished,
     JobLaunch,
@@ -107,7 +108,7 @@ class Orchestrator:
                                heartbeat_s=heartbeat_s, lease_timeout_s=lease_timeout_s)
         self.submitter = SubmitterRole(self.ctx, JobStore(data_dir), pack_dir=pack_dir, versions=versions,
                                        max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
-                                       unplaceable_after_s=unplaceable_after_s)
+                                       unplaceable_after_s=unplaceable_after_s, unpack=unpack)
         self.coordinator = CoordinatorRole(self.ctx, min_run_s=min_run_s)
         self.rank_host = RankHostRole(self.ctx, data_dir=data_dir, gpus=gpus, launcher=launcher,
                                       rank_spec=rank_spec, unpack=unpack, collect_results=collect_results,
@@ -279,7 +280,8 @@ class Orchestrator:
             JobSubmit: coord.on_submit, JobCancel: coord.on_cancel, JobState: sub.on_state,
             JobAttempt: sub.on_attempt,
             LeaseRequest: host.on_lease, LeaseRelease: host.on_release, JobLaunch: host.on_launch,
-            JobStop: host.on_stop, PayloadFetch: sub.on_payload, JobOutput: sub.on_output,
+            JobStop: host.on_stop, PayloadFetch: sub.on_payload, JobCheckpoint: sub.on_checkpoint,
+            JobOutput: sub.on_output,
             JobResults: sub.on_results, JobExit: self._on_exit, JobFinished: host.on_finished,
         }
         return {cls.KIND: self._safe(cls, h) for cls, h in table.items()}

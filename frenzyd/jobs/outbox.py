@@ -3,7 +3,10 @@ job's submitter acknowledges them (DESIGN.md §8: a finished job's status and re
 so it is never run again).
 
 Layout: ``data_dir/outbox/<job>.a<attempt>/`` holds ``report.json`` (``{"created_at", "submitter",
-"exit": <job.exit body>}``) and, for rank 0's host, ``results.bin``.  Entries survive a restart of
+"exit": <job.exit body>, "checkpoint": {"step", "hosts", "sha256"} or absent}``), for rank 0's host
+``results.bin``, and for an attempt that stopped before its end with a complete checkpoint, this
+host's part of it, ``checkpoint.bin`` (delivered first, so the next attempt can resume from it).
+Entries survive a restart of
 the rank host; an unreadable one is moved to ``data_dir/quarantine/outbox/`` and counted.
 """
 
@@ -31,6 +34,8 @@ class OutboxEntry:
     submitter: str
     created_at: float
     has_results: bool
+    checkpoint: tuple[int, int, str] | None = None
+    """(step, hosts, sha256) of this host's checkpoint part in ``checkpoint.bin``, if any."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -58,8 +63,12 @@ class Outbox:
         try:
             doc = json.loads((d / "report.json").read_text())
             report = JobExit.from_body(doc["exit"])
+            ck = doc.get("checkpoint")
+            checkpoint = None
+            if isinstance(ck, dict) and (d / "checkpoint.bin").is_file():
+                checkpoint = (int(ck["step"]), int(ck["hosts"]), str(ck["sha256"]))
             entry = OutboxEntry(report, str(doc["submitter"]), float(doc["created_at"]),
-                                (d / "results.bin").is_file())
+                                (d / "results.bin").is_file(), checkpoint)
             where = self._dir(report.job_id, report.attempt)
         except (OSError, ValueError, KeyError, TypeError, WireError) as exc:
             self._quarantine(d, exc)
@@ -77,15 +86,23 @@ class Outbox:
         self.quarantined += 1
         log.error("unreadable outbox entry %s (%s); moved to %s", d, why, dest)
 
-    def put(self, report: JobExit, submitter: str, results: bytes | None, now: float) -> OutboxEntry:
-        """Persist a finished attempt's report (and results) before anything is sent."""
+    def put(self, report: JobExit, submitter: str, results: bytes | None, now: float,
+            checkpoint: tuple[int, int, bytes, str] | None = None) -> OutboxEntry:
+        """Persist a finished attempt's report (and results, and this host's checkpoint part as
+        ``(step, hosts, data, sha256)``) before anything is sent."""
         d = self._dir(report.job_id, report.attempt)
         d.mkdir(exist_ok=True, mode=0o700)
         if results is not None:
             atomic_write(d / "results.bin", results)
-        doc = {"created_at": now, "submitter": submitter, "exit": report.to_body()}
+        doc: dict[str, object] = {"created_at": now, "submitter": submitter, "exit": report.to_body()}
+        ck = None
+        if checkpoint is not None:
+            step, hosts, data, sha = checkpoint
+            atomic_write(d / "checkpoint.bin", data)
+            doc["checkpoint"] = {"step": step, "hosts": hosts, "sha256": sha}
+            ck = (step, hosts, sha)
         atomic_write(d / "report.json", json.dumps(doc).encode())
-        entry = OutboxEntry(report, submitter, now, results is not None)
+        entry = OutboxEntry(report, submitter, now, results is not None, ck)
         self._entries[entry.key] = entry
         return entry
 
@@ -94,6 +111,9 @@ class Outbox:
 
     def results(self, entry: OutboxEntry) -> bytes:
         return (self._dir(*entry.key) / "results.bin").read_bytes()
+
+    def checkpoint(self, entry: OutboxEntry) -> bytes:
+        return (self._dir(*entry.key) / "checkpoint.bin").read_bytes()
 
     def remove(self, key: tuple[str, int]) -> None:
         """The submitter has it (or it can never be delivered): forget it."""

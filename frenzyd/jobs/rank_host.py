@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from frenzyd.jobs.context import (
 )
 from frenzyd.jobs.messages import (
     Ack,
+    JobCheckpoint,
     JobExit,
     JobFinished,
     JobLaunch,
@@ -72,10 +74,11 @@ def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Pa
     placed plan + model, seq_len, global_batch, data, steps and the trainer options) and a
     per-attempt ``FRENZY_CHECKPOINT_DIR`` under ``run_dir`` (``runs/JOB/aN``).
 
-    Resume, local only: when every rank of this attempt runs here, the checkpoint directory starts
-    with the newest complete checkpoint of an earlier attempt whose ranks also all ran here (hard
-    links; DCP reshards it onto this attempt's plan).  Checkpoints are not yet copied to the
-    submitter, so an attempt placed elsewhere, or over several nodes, starts from step 0."""
+    Resume: before this is called the launch fetched the checkpoint the job's submitter keeps (the
+    parts every host of a stopped attempt sent, merged) into the checkpoint directory; when every
+    rank of this attempt runs here, the newest complete checkpoint of an earlier all-local attempt
+    is hard-linked beside it too.  The trainer resumes from the newest of them (DCP reshards it
+    onto this attempt's plan), so an attempt placed on other nodes resumes as well."""
     job_plan = dict(plan)
     if spec.model is not None or spec.model_config is not None:
         job_plan.update(seq_len=spec.seq_len, global_batch=spec.global_batch)
@@ -149,6 +152,7 @@ class RankHostRole:
         max_result_bytes: int,
         socket_ifname: str | None,
         retention_s: float = 7 * 24 * 3600.0,
+        max_checkpoint_bytes: int = 1 << 30,
     ) -> None:
         self.ctx = ctx
         self.data_dir = data_dir
@@ -156,6 +160,7 @@ class RankHostRole:
         self.launcher, self._rank_spec = launcher, rank_spec
         self._unpack, self._collect = unpack, collect_results
         self.max_payload_bytes, self.max_result_bytes = max_payload_bytes, max_result_bytes
+        self.max_checkpoint_bytes = max_checkpoint_bytes
         self.socket_ifname = socket_ifname
         self.leases = LeaseTable()
         self._runs: dict[tuple[str, int], RankRun] = {}
@@ -210,6 +215,11 @@ class RankHostRole:
                 payload = await self._fetch_payload(rec)
                 await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
                                         self.max_payload_bytes)
+                if rec.spec.trainer:  # resume from the checkpoint the submitter keeps, wherever it ran
+                    size = await self._fetch_checkpoint(rec, run_dir / "checkpoints")
+                    if size is not None:
+                        log.info("job %s attempt %d: fetched its checkpoint (%d bytes)", job_id, attempt,
+                                 size)
 
             port = msg.master_port
             if msg.start_store:  # the store (a child process) starts while the payload comes
@@ -362,6 +372,9 @@ class RankHostRole:
                          vacated=self.stopping or bool(run.vacated),
                          reason=run.vacated or ("its daemon stopped" if self.stopping else ""),
                          preempted=run.preempted and not self.stopping)
+        checkpoint = None
+        if run.record.spec.trainer and (report.vacated or any(c != 0 for _, c in codes)):
+            checkpoint = await asyncio.to_thread(self._checkpoint_part, run)
         results: bytes | None = None
         if rank0_here and not report.vacated:
             try:
@@ -369,7 +382,8 @@ class RankHostRole:
             except (FrenzyError, OSError) as exc:
                 log.warning("job %s attempt %d: results not collected: %s", run.job_id, run.attempt, exc)
         try:
-            entry = await asyncio.to_thread(self.outbox.put, report, run.submitter, results, self.ctx.clock())
+            entry = await asyncio.to_thread(self.outbox.put, report, run.submitter, results, self.ctx.clock(),
+                                            checkpoint)
         except OSError as exc:  # full disk: still try to deliver from memory
             log.error("job %s attempt %d: exit report not persisted (%s); delivering it from memory",  # noqa: TRY400
                       run.job_id, run.attempt, exc)
@@ -383,6 +397,62 @@ class RankHostRole:
             self.ctx.spawn(self._copy_to(coord, report), f"exit copy {run.job_id}")
         await self._deliver(entry, results)
 
+    def _checkpoint_part(self, run: RankRun) -> tuple[int, int, bytes, str] | None:
+        """This host's part of the attempt's newest complete checkpoint, packed, as
+        ``(step, hosts, archive, sha256)`` (None: the ranks here wrote none, or it is too big)."""
+        ckpt = self.data_dir / "runs" / run.job_id / f"a{run.attempt}" / "checkpoints"
+        done = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()] if ckpt.is_dir() else []
+        if not done:
+            return None
+        newest = max(done, key=lambda p: p.name)
+        step = newest.name.removeprefix("step-")
+        if not step.isdigit():
+            return None
+        try:
+            data = self._collect(newest, self.max_checkpoint_bytes)
+        except (FrenzyError, OSError) as exc:
+            log.warning("job %s attempt %d: checkpoint %s not sent to the submitter: %s", run.job_id,
+                        run.attempt, newest.name, exc)
+            return None
+        return int(step), len(run.record.peers()), data, hashlib.sha256(data).hexdigest()
+
+    async def _send_checkpoint(self, entry: OutboxEntry) -> None:
+        """This host's checkpoint part, in chunks, before the exit report: by the time the submitter
+        requeues the job, the checkpoint the next attempt resumes from is whole.  A refusal (a
+        stale attempt, the cap) loses only the checkpoint, never the exit report."""
+        assert entry.checkpoint is not None
+        job_id, attempt = entry.key
+        step, hosts, sha = entry.checkpoint
+        data = await asyncio.to_thread(self.outbox.checkpoint, entry)
+        for off in range(0, max(len(data), 1), CHUNK):
+            chunk = JobCheckpoint(job_id, attempt, step, hosts, off, len(data), sha, data[off:off + CHUNK])
+            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, SEND_TIMEOUT_S))
+            if not ack.ok:
+                log.info("job %s attempt %d: checkpoint step %d refused: %s", job_id, attempt, step,
+                         ack.reason)
+                return
+
+    async def _fetch_checkpoint(self, rec: JobRecord, dest: Path) -> int | None:
+        """Fetch the job's checkpoint kept by its submitter into ``dest`` (the attempt's
+        ``FRENZY_CHECKPOINT_DIR``); its size, or None when there is none."""
+        buf = bytearray()
+        total, sha = 1, ""
+        while len(buf) < total:
+            fetch = PayloadFetch(rec.id, rec.attempt, len(buf), CHUNK, what="checkpoint")
+            reply = await self.ctx.send(rec.submitter, fetch, SEND_TIMEOUT_S)
+            said, sha, data = reply.get("total"), str(reply.get("sha256") or ""), reply.get("data")
+            if not isinstance(said, int) or said <= 0:
+                return None
+            total = said
+            if total > self.max_checkpoint_bytes:
+                raise LaunchError(f"the job's checkpoint of {total} bytes exceeds this node's cap "
+                                  f"{self.max_checkpoint_bytes}")
+            if not isinstance(data, bytes) or not data:
+                raise LaunchError("the submitter sent no checkpoint bytes")
+            buf.extend(data)
+        await asyncio.to_thread(self._unpack, bytes(buf), sha, dest, self.max_checkpoint_bytes)
+        return len(buf)
+
     async def _copy_to(self, coordinator: str, report: JobExit) -> None:
         with contextlib.suppress(FrenzyError):
             await self.ctx.send(coordinator, report, SEND_TIMEOUT_S)
@@ -394,6 +464,8 @@ class RankHostRole:
         delay = self.ctx.heartbeat_s
         while self.ctx.clock() < entry.created_at + self.retention_s:
             try:
+                if entry.checkpoint is not None:
+                    await self._send_checkpoint(entry)
                 if entry.has_results:
                     await self._send_results(entry, results)
                 await self.ctx.send(entry.submitter, entry.report, SEND_TIMEOUT_S)

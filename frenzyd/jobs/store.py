@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +183,51 @@ class JobStore:
             return None
         os.replace(aside, self.dir(job_id) / "results.bin")
         return data
+
+    # --- checkpoints (DESIGN.md §8: a job's latest complete checkpoint lives with its submitter) ---
+
+    def checkpoint_meta(self, job_id: str) -> dict[str, Any] | None:
+        """``{"attempt", "step", "sha256", "size"}`` of the job's kept checkpoint (None: none yet)."""
+        try:
+            meta = json.loads((self.dir(job_id) / "checkpoint" / "checkpoint.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    def checkpoint_chunk(self, job_id: str, offset: int, length: int) -> tuple[bytes, int, str]:
+        """A chunk of the kept checkpoint archive, its size and sha256 (``b"", 0, ""``: none)."""
+        meta = self.checkpoint_meta(job_id)
+        if meta is None:
+            return b"", 0, ""
+        with open(self.dir(job_id) / "checkpoint" / "checkpoint.tgz", "rb") as f:
+            f.seek(max(0, offset))
+            return f.read(max(0, length)), int(meta["size"]), str(meta["sha256"])
+
+    def keep_checkpoint_part(
+        self, job_id: str, peer: str, data: bytes, *, attempt: int, step: int, hosts: int,
+        merge: Callable[[list[bytes]], tuple[bytes, str]],
+    ) -> bool:
+        """Keep one host's part of ``attempt``'s checkpoint ``step``; once all ``hosts`` parts are
+        in, ``merge`` them into one archive that replaces an older kept checkpoint.  True when the
+        checkpoint became the job's (an older or equal one than the kept checkpoint is dropped)."""
+        root = self.dir(job_id) / "checkpoint"
+        parts = root / f"parts-a{int(attempt)}-s{int(step)}"
+        parts.mkdir(parents=True, exist_ok=True)
+        atomic_write(parts / f"{hashlib.sha256(peer.encode()).hexdigest()[:16]}.tgz", data)
+        have = sorted(parts.glob("*.tgz"))
+        if len(have) < hosts:
+            return False
+        meta = self.checkpoint_meta(job_id)
+        if meta is not None and (int(meta["attempt"]), int(meta["step"])) >= (attempt, step):
+            shutil.rmtree(parts, ignore_errors=True)
+            return False
+        merged, sha = merge([p.read_bytes() for p in have])
+        atomic_write(root / "checkpoint.tgz", merged)
+        atomic_write(root / "checkpoint.json", json.dumps(
+            {"attempt": attempt, "step": step, "sha256": sha, "size": len(merged)}).encode())
+        for old in root.glob("parts-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        return True
 
     def has_results(self, job_id: str) -> bool:
         return (self.dir(job_id) / "results.bin").exists()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import io
 import json
 import logging
 import os
 import secrets
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -44,6 +47,7 @@ from frenzyd.jobs.messages import (
     AttemptAck,
     JobAttempt,
     JobCancel,
+    JobCheckpoint,
     JobExit,
     JobFinished,
     JobOutput,
@@ -137,6 +141,8 @@ class SubmitterRole:
         max_payload_bytes: int,
         max_result_bytes: int,
         unplaceable_after_s: float = 3600.0,
+        unpack: Callable[[bytes, str, Path, int], Any] | None = None,
+        max_checkpoint_bytes: int = 1 << 30,
     ) -> None:
         self.ctx = ctx
         self.store = store
@@ -162,6 +168,9 @@ class SubmitterRole:
         self._resend_at: dict[str, float] = {}
         self._cancelling: set[str] = set()
         self._preempted: dict[tuple[str, int], set[str]] = {}  # attempt being preempted -> peers stopped
+        self._ckpt_buf: dict[tuple[str, int, str], bytearray] = {}
+        self._unpack = unpack
+        self.max_checkpoint_bytes = max_checkpoint_bytes
         self._results_buf: dict[tuple[str, int], bytearray] = {}
         self._placing_seen: dict[tuple[str, int], float] = {}  # attempt in flight -> last sign of it
 
@@ -637,8 +646,58 @@ class SubmitterRole:
         if self._current(PayloadFetch.KIND, msg.job_id, msg.attempt) is None:
             return Ack(False, f"stale attempt {msg.attempt}")
         length = max(0, min(msg.length, CHUNK))
+        if msg.what == "checkpoint":
+            data, total, sha = await asyncio.to_thread(self.store.checkpoint_chunk, msg.job_id, msg.offset,
+                                                       length)
+            return PayloadChunk(data, total, sha)
         data, total = await asyncio.to_thread(self.store.payload, msg.job_id, msg.offset, length)
         return PayloadChunk(data, total)
+
+    async def on_checkpoint(self, peer: str, msg: JobCheckpoint) -> Ack:
+        """A rank host's part of the current attempt's newest complete checkpoint, in chunks
+        (fenced: only the current attempt's, of a job that is not over).  Once every host of the
+        attempt has sent its part, the parts are merged into the job's checkpoint, which the next
+        attempt's rank hosts fetch before their ranks start (DESIGN.md §8)."""
+        rec = self._current(JobCheckpoint.KIND, msg.job_id, msg.attempt)
+        if rec is None or rec.terminal:
+            return Ack(False, f"stale attempt {msg.attempt}")
+        unpack = self._unpack
+        if unpack is None:
+            return Ack(False, "this node keeps no checkpoints")
+        if msg.total > self.max_checkpoint_bytes or msg.offset < 0 or not 1 <= msg.hosts <= 4096:
+            raise LaunchError(f"checkpoint part of {msg.total} bytes over {msg.hosts} hosts refused "
+                              f"(the cap is {self.max_checkpoint_bytes} bytes)")
+        key = (msg.job_id, msg.attempt, peer)
+        buf = self._ckpt_buf.setdefault(key, bytearray())
+        if msg.offset != len(buf):
+            buf.clear()
+            if msg.offset != 0:
+                raise LaunchError("checkpoint chunks arrived out of order")
+        buf.extend(msg.data)
+        if len(buf) < msg.total:
+            return Ack()
+        data = bytes(self._ckpt_buf.pop(key))
+        if hashlib.sha256(data).hexdigest() != msg.sha256:
+            raise LaunchError("checkpoint part hash mismatch: altered or truncated in transit")
+
+        def merge(parts: list[bytes]) -> tuple[bytes, str]:
+            with tempfile.TemporaryDirectory(prefix="frenzy-ckpt-") as tmp:
+                for part in parts:
+                    unpack(part, hashlib.sha256(part).hexdigest(), Path(tmp) / f"step-{msg.step:08d}",
+                                 self.max_checkpoint_bytes)
+                return self._pack_dir(Path(tmp), self.max_checkpoint_bytes)
+
+        try:
+            kept = await asyncio.to_thread(functools.partial(
+                self.store.keep_checkpoint_part, rec.id, peer, data, attempt=msg.attempt, step=msg.step,
+                hosts=msg.hosts, merge=merge))
+        except OSError as exc:  # a full disk: the next attempt starts from an older checkpoint
+            log.warning("job %s: checkpoint of attempt %d not kept: %s", rec.id, msg.attempt, exc)
+            return Ack(False, f"checkpoint not kept: {exc}")
+        if kept:
+            log.info("job %s: keeps the checkpoint of step %d (attempt %d, %d host(s))", rec.id, msg.step,
+                     msg.attempt, msg.hosts)
+        return Ack()
 
     async def _announce_finished(self, rec: JobRecord, attempt: int | None = None) -> None:
         """Tell the peers of the attempt that finished (``rec``'s ranks) that the job is over."""

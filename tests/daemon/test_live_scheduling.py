@@ -85,3 +85,37 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     assert short_rec.finished_at < (c.orch.store.get(long.id).finished_at or float("inf"))
     await c.orch.submitter.cancel(long.id)
     await asyncio.sleep(0.5)
+
+
+async def test_a_job_whose_gpu_owner_returns_resumes_on_another_node_from_its_submitters_checkpoint(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """The owner of the GPU a trainer job runs on comes back: the ranks get SIGTERM and write a
+    checkpoint, the rank host sends its part to the submitter before the exit report, and the next
+    attempt, on another node, fetches that checkpoint and resumes from it (no shared disk)."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    d = pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    job = await c.orch.submit(trainer_request(tmp_path, "long", steps=100_000, checkpoint_every=5))
+    first = await wait_state(c, job.id, {"running"})
+    host = pool.nodes[first["ranks"][0]["peer"]]
+    other = d if host is b else b
+    await eventually(lambda: any(s >= 8 for _, s in steps_of(c, job.id)), limit=120)
+    host.gpus[0]["offered"] = False  # the owner's own work: not offered again
+    assert await host.orch.protect_owner([{**host.gpus[0], "foreign_processes": 1}]) == [job.id]
+    await eventually(lambda: any(a >= 2 for a, _ in steps_of(c, job.id)), limit=120)
+    rec = c.orch.store.get(job.id)
+    assert rec.ranks[0].peer == other.nid
+    meta = c.orch.store.checkpoint_meta(job.id)
+    assert meta is not None
+    assert meta["attempt"] == 1
+    assert meta["step"] >= 5
+    steps = steps_of(c, job.id)
+    resumed_at = min(s for a, s in steps if a >= 2)
+    assert resumed_at == meta["step"] + 1, (meta, steps[-5:])  # from the kept checkpoint, not step 0
+    assert not (pool.tmp / other.nid / "runs" / job.id / "a1").exists()  # not a local leftover
+    await c.orch.submitter.cancel(job.id)
+    await asyncio.sleep(0.5)
