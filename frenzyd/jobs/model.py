@@ -468,7 +468,8 @@ class JobRecord:
             "exit_codes": {str(k): v for k, v in self.exit_codes.items()},
             "failed_rank": self.failed_rank,
             "message": self.message,
-            "late": {str(a): la.to_dict() for a, la in self.late.items()},
+            # only when there is news of an earlier attempt: records of every other job keep their bytes
+            **({"late": {str(a): la.to_dict() for a, la in self.late.items()}} if self.late else {}),
         }
 
     @classmethod
