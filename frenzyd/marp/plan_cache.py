@@ -60,6 +60,8 @@ TYPES_PER_JOB = 64
 """Per-type entries kept per job shape (type x speed x per-node bound x calibration raise)."""
 BUDGETS_PER_TYPE = 4
 """Budget intervals kept per type entry (e.g. total memory and today's smallest free memory)."""
+ANSWERS = 4096
+"""Whole answers kept, by every input (a queue's jobs over today's pool, asked again on every pass)."""
 MEMO_SHAPES = 32
 """Job shapes whose ``plans.Memo`` is kept (tensor peaks by setup, each dp x tp x pp's best variant per
 type and budget interval): a type's plans recomputed after the pool changed (another free-memory
@@ -111,6 +113,7 @@ class PlanCache:
         self.maxsize = maxsize
         self._jobs: OrderedDict[_JobKey, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
         self._memos: OrderedDict[_JobKey, Memo] = OrderedDict()
+        self._answers: OrderedDict[tuple[object, ...], tuple[Plan, ...]] = OrderedDict()
         self._hits = self._misses = self._counts = 0
 
     def stats(self) -> CacheStats:
@@ -119,6 +122,7 @@ class PlanCache:
     def clear(self) -> None:
         self._jobs.clear()
         self._memos.clear()
+        self._answers.clear()
         self._hits = self._misses = self._counts = 0
 
     def feasible_plans(
@@ -135,13 +139,42 @@ class PlanCache:
         trainer_only: bool = False,
     ) -> list[Plan]:
         """Exactly :func:`frenzyd.marp.plans.feasible_plans`' answer (same arguments, same errors)."""
+        return list(self.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
+                               calibration=calibration, torch_version=torch_version,
+                               trainer_only=trainer_only))
+
+    def plans(
+        self,
+        model: ModelSpec,
+        setup: TrainingSetup,
+        pools: Sequence[GpuPool],
+        *,
+        headroom: float = DEFAULT_HEADROOM,
+        max_gpus: int | None = None,
+        constants: AnalyticConstants = DEFAULT_CONSTANTS,
+        calibration: Calibration | None = None,
+        torch_version: str = CALIBRATED_TORCH,
+        trainer_only: bool = False,
+    ) -> tuple[Plan, ...]:
+        """:meth:`feasible_plans`' answer as a tuple that is the very same object for the same inputs as
+        long as it is cached (``ANSWERS`` of them), so a caller may keep what it derives from an answer
+        by the answer's identity (holding the answer, so the identity cannot be reused)."""
         if self.maxsize == 0:
-            return feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus,
-                                  constants=constants, calibration=calibration,
-                                  torch_version=torch_version, trainer_only=trainer_only)
+            return tuple(feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus,
+                                        constants=constants, calibration=calibration,
+                                        torch_version=torch_version, trainer_only=trainer_only))
         job = job_shape(setup)
         validate(model, job)
         jkey: _JobKey = (replace(model, name=""), job, trainer_only, constants)
+        extras = tuple(overhead_raise(calibration, pool.gpu_type, model, torch_version) for pool in pools)
+        akey = (jkey, tuple(pools), headroom, max_gpus, extras)
+        answer = self._answers.get(akey)
+        if answer is not None and jkey in self._jobs:  # an evicted job shape forgets its answers
+            with contextlib.suppress(KeyError):
+                self._answers.move_to_end(akey)
+                self._jobs.move_to_end(jkey)
+            self._hits += len(pools)
+            return answer
         types = self._jobs.get(jkey)
         if types is None:
             types = {}
@@ -156,14 +189,20 @@ class PlanCache:
                 self._jobs.move_to_end(jkey)
         plans: list[Plan] = []
         memo = self._memo(jkey)
-        for pool in pools:
+        for pool, extra in zip(pools, extras, strict=True):
             limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
-            extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
             plans.extend(self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
                                           constants=constants, extra=extra, trainer_only=trainer_only,
                                           memo=memo))
         plans.sort(key=plan_order)
-        return plans
+        answer = tuple(plans)
+        self._answers[akey] = answer
+        while len(self._answers) > ANSWERS:
+            try:
+                self._answers.popitem(last=False)
+            except KeyError:  # emptied by another thread
+                break
+        return answer
 
     def _memo(self, jkey: _JobKey) -> Memo:
         memo = self._memos.get(jkey)
@@ -249,6 +288,24 @@ def set_default_cache(cache: PlanCache) -> PlanCache:
     global _default
     old, _default = _default, cache
     return old
+
+
+def cached_plans(
+    model: ModelSpec,
+    setup: TrainingSetup,
+    pools: Sequence[GpuPool],
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    max_gpus: int | None = None,
+    constants: AnalyticConstants = DEFAULT_CONSTANTS,
+    calibration: Calibration | None = None,
+    torch_version: str = CALIBRATED_TORCH,
+    trainer_only: bool = False,
+) -> tuple[Plan, ...]:
+    """:meth:`PlanCache.plans` of the process's plan cache: the answer as a tuple whose identity is
+    stable while it is cached (derive per-answer values once, keyed by it)."""
+    return _default.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
+                          calibration=calibration, torch_version=torch_version, trainer_only=trainer_only)
 
 
 def cached_feasible_plans(

@@ -13,7 +13,13 @@ from frenzyd.errors import ConfigError
 from frenzyd.gpu_types import GPU_TYPES, type_info
 from frenzyd.marp.calibration import Calibration, CalibrationKey, RunSample
 from frenzyd.marp.model import load_model
-from frenzyd.marp.plan_cache import PlanCache, cached_feasible_plans, default_cache, set_default_cache
+from frenzyd.marp.plan_cache import (
+    PlanCache,
+    cached_feasible_plans,
+    cached_plans,
+    default_cache,
+    set_default_cache,
+)
 from frenzyd.marp.plans import feasible_plans
 from frenzyd.marp.spec import GpuPool, ModelSpec, TrainingSetup
 
@@ -192,5 +198,23 @@ def test_the_default_cache_is_swappable() -> None:
         assert default_cache() is mine
         assert cached_feasible_plans(MODEL, JOB, POOLS) == feasible_plans(MODEL, JOB, POOLS)
         assert mine.stats().misses > 0
+    finally:
+        set_default_cache(old)
+
+
+def test_the_same_question_gets_the_same_answer_object() -> None:
+    cache = PlanCache()
+    first = cache.plans(MODEL, JOB, POOLS)
+    assert cache.plans(MODEL, replace(JOB, micro_batch=2), list(POOLS)) is first  # equal inputs
+    assert list(first) == feasible_plans(MODEL, JOB, POOLS)
+    other = cache.plans(MODEL, JOB, [pool("RTX-3090", 11), POOLS[1]])
+    assert other is not first
+    assert list(other) == feasible_plans(MODEL, JOB, [pool("RTX-3090", 11), POOLS[1]])
+    mine = cache.feasible_plans(MODEL, JOB, POOLS)
+    mine.clear()  # a list answer is the caller's own
+    assert cache.feasible_plans(MODEL, JOB, POOLS) == list(first)
+    old = set_default_cache(cache)
+    try:
+        assert cached_plans(MODEL, JOB, POOLS) is first
     finally:
         set_default_cache(old)
