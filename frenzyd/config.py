@@ -217,6 +217,13 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ),
     (
         "jobs",
+        "policy",
+        "frenzy",
+        "the coordinator's scheduling policy: frenzy (HAS), fifo, srtf, srtf-wide, tiresias, sia or gavel "
+        "(the simulator's policies, run live; frenzyd.has)",
+    ),
+    (
+        "jobs",
         "min_run_s",
         "120.0",
         "least time a checkpointable job (the built-in trainer) runs on a placement before the scheduler "
@@ -397,6 +404,7 @@ class JobsSection:
     unplaceable_after_s: float = 3600.0
     retention_s: float = 7 * 24 * 3600.0
     min_run_s: float = 120.0
+    policy: str = "frenzy"
 
 
 @dataclass(frozen=True)
@@ -496,6 +504,16 @@ class _Section:
         if not isinstance(v, list) or not all(isinstance(s, str) and s.strip() for s in v):
             raise self._bad(key, 'a list of strings, e.g. ["a", "b"]')
         return tuple(s.strip() for s in v)
+
+
+LIVE_POLICIES = ("frenzy", "fifo", "srtf", "srtf-wide", "tiresias", "sia", "gavel")
+"""``[jobs] policy`` values: the built-in policies of ``frenzyd.has.registry`` (a test keeps them equal)."""
+
+
+def _policy_name(name: str) -> str:
+    if name not in LIVE_POLICIES:
+        raise ConfigError(f"[jobs] policy {name!r}: use one of {', '.join(LIVE_POLICIES)}")
+    return name
 
 
 def _path(base: Path, text: str) -> Path:
@@ -698,6 +716,7 @@ def config_from_dict(
         unplaceable_after_s=jb.float_("unplaceable_after_s", 3600.0),
         retention_s=jb.float_("retention_s", 7 * 24 * 3600.0),
         min_run_s=jb.float_("min_run_s", 120.0),
+        policy=_policy_name(jb.str_("policy", "frenzy") or "frenzy"),
     )
     return Config(
         node=node,

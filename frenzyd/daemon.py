@@ -226,7 +226,7 @@ class Daemon:
             max_payload_bytes=cfg.launcher.max_payload_bytes, max_result_bytes=cfg.launcher.max_result_bytes,
             heartbeat_s=cfg.timing.heartbeat_s, lease_timeout_s=cfg.timing.lease_timeout_s,
             retention_s=cfg.jobs.retention_s, unplaceable_after_s=cfg.jobs.unplaceable_after_s,
-            min_run_s=cfg.jobs.min_run_s,
+            min_run_s=cfg.jobs.min_run_s, policy=cfg.jobs.policy,
             socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
         )
         for kind, handler in self.orch.handlers().items():

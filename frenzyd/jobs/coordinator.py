@@ -54,9 +54,10 @@ log = logging.getLogger(__name__)
 class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
 
-    def __init__(self, ctx: RoleContext, *, min_run_s: float = 120.0) -> None:
+    def __init__(self, ctx: RoleContext, *, min_run_s: float = 120.0, policy: str = "frenzy") -> None:
         self.ctx = ctx
         self.min_run_s = min_run_s
+        self.policy_name = policy
         self.table = JobTable()
         self._table_term = -1
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
@@ -68,8 +69,11 @@ class CoordinatorRole:
         """Everything that lives as long as one term: the policy (its caches), stops in flight, and
         placements waiting for the GPUs those stops free."""
         from frenzyd.has.frenzy import FrenzyPolicy
+        from frenzyd.has.interface import Policy
+        from frenzyd.has.registry import load_policy
 
-        self.policy = FrenzyPolicy(min_run_s=self.min_run_s)
+        self.policy: Policy = (FrenzyPolicy(min_run_s=self.min_run_s) if self.policy_name == "frenzy"
+                               else load_policy(self.policy_name))
         self._preempting: dict[tuple[str, int], set[str]] = {}  # attempt being preempted -> peers exited
         self._pending: dict[str, tuple[Placement, float]] = {}  # job -> placement waiting for GPUs, until
         self.preemptions = 0

@@ -95,6 +95,7 @@ class Orchestrator:
         retention_s: float = 7 * 24 * 3600.0,
         unplaceable_after_s: float = 3600.0,
         min_run_s: float = 120.0,
+        policy: str = "frenzy",
         socket_ifname: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -109,7 +110,7 @@ class Orchestrator:
         self.submitter = SubmitterRole(self.ctx, JobStore(data_dir), pack_dir=pack_dir, versions=versions,
                                        max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
                                        unplaceable_after_s=unplaceable_after_s, unpack=unpack)
-        self.coordinator = CoordinatorRole(self.ctx, min_run_s=min_run_s)
+        self.coordinator = CoordinatorRole(self.ctx, min_run_s=min_run_s, policy=policy)
         self.rank_host = RankHostRole(self.ctx, data_dir=data_dir, gpus=gpus, launcher=launcher,
                                       rank_spec=rank_spec, unpack=unpack, collect_results=collect_results,
                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,

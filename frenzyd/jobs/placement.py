@@ -447,15 +447,19 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
     """HAS's view of one job (its candidate plans, speed model) and the candidates as JobPlans;
     ``FrenzyError`` when it cannot be planned."""
     from frenzyd.has.interface import JobView
-    from frenzyd.has.speed import JobSpeed
+    from frenzyd.has.speed import JobSpeed, flops_per_step
+    from frenzyd.marp.model import param_count
 
     if _is_model(spec):
         cands = marp_plans(spec, matching, headroom=headroom, only_available=False)
-        params = 0
+        model = job_model(spec)
+        params = param_count(model)  # the simulator's speed model of the same job (frenzyd.sim.jobs)
+        flops = flops_per_step(params, model.layers, model.hidden, spec.seq_len or 1, spec.global_batch or 1,
+                               recompute=spec.recompute == "full")
     else:
         cands = _declared_plans(spec, matching)
         params = max(1, (spec.mem_per_rank or 0) // 16)
-    flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
+        flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
     speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
     plans = []
     for c in cands:
@@ -532,7 +536,8 @@ def schedule(
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
     snapshot = Snapshot(now_s=now_s, reason="arrival", cluster=Cluster(types, tuple(sorted(all_gpus))),
                         free=tuple(sorted(free)), queued=tuple(views), running=running_jobs)
-    decision = (policy or FrenzyPolicy()).decide(snapshot, random.Random(0))
+    policy = policy or FrenzyPolicy()
+    decision = policy.decide(snapshot, random.Random(0))
     running_ids = {r.job.job_id for r in running_jobs}
     preempted = [j for j in decision.preemptions if j in running_ids]
     # A running job HAS places elsewhere (shrink, grow, move, upgrade) is stopped first, as well.
@@ -566,7 +571,7 @@ def schedule(
                      == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero))
         # A declared job's step time is the speed model's assumption, not a prediction: not shown.
         step = pl.plan.step_time_s if match.source == "marp" else None
-        plan = replace(match, step_time_s=step, policy="frenzy", peers=len(ordered),
+        plan = replace(match, step_time_s=step, policy=policy.name, peers=len(ordered),
                        backend=_backend([og for _, gs in ordered for og in gs]))
         placement = Placement(plan, _number(ordered))
         if waits or pl.job_id in running_ids:
@@ -590,7 +595,7 @@ def schedule(
             mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
-    return Schedule(tuple(start), tuple(infeasible), "frenzy", tuple((j, why[j]) for j in preempted),
+    return Schedule(tuple(start), tuple(infeasible), policy.name, tuple((j, why[j]) for j in preempted),
                     tuple(pending))
 
 

@@ -124,6 +124,7 @@ def test_env_overrides_apply(tmp_path: Path) -> None:
         (MIN + "[timing]\nheartbeat_s = -1\n", "heartbeat_s"),
         (MIN + "[launcher]\nrendezvous_ports = [30000, 29000]\n", "LOW <= HIGH"),
         (MIN + "[owner]\nmin_free_fraction = 2\n", "min_free_fraction"),
+        (MIN + "[jobs]\npolicy = 'frenzzy'\n", "use one of frenzy, fifo"),
         ("[node\n", "not valid TOML"),
         (MIN + "devices = 3\n", "unknown key"),  # lands in [pool]: a typo, not a silent default
     ],
@@ -151,3 +152,16 @@ def test_reference_lists_every_key_and_the_example_file_loads(root: Path, tmp_pa
     example = root / "systemd" / "frenzyd.toml.example"
     cfg = load_config(example, {}, ifaddr=_no_if)
     assert cfg.node.name
+
+
+def test_the_live_policy_names_are_the_schedulers_built_ins() -> None:
+    from frenzyd.config import LIVE_POLICIES
+    from frenzyd.has.registry import BUILTIN
+
+    assert set(LIVE_POLICIES) == set(BUILTIN)
+
+
+def test_the_jobs_section_sets_the_live_scheduler(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, MIN + "[jobs]\npolicy = 'fifo'\nmin_run_s = 5.0\n"), {}, ifaddr=_no_if)
+    assert (cfg.jobs.policy, cfg.jobs.min_run_s) == ("fifo", 5.0)
+    assert load_config(_write(tmp_path, MIN), {}, ifaddr=_no_if).jobs.policy == "frenzy"
