@@ -257,14 +257,16 @@ async def test_results_of_a_detached_job_can_be_fetched(env: Env) -> None:
                                  "train.py", cwd=d)
     assert rc == 0, err
     job_id = out.strip()
-    await wait_state(env.pool.nodes["a"], job_id, {"succeeded"})
+    done = await wait_state(env.pool.nodes["a"], job_id, {"succeeded", "failed", "cancelled"})
+    assert done["state"] == "succeeded", done
     dest = env.tmp / "fetched"
     rc, out, err = await env.cli("results", job_id, "--out", str(dest))
     assert rc == 0, err
+    assert f"1 file(s) of job {job_id}" in out, (out, err)
     assert (dest / "result.txt").read_text() == "sum=3\n"
-    assert f"1 file(s) of job {job_id}" in out
-    rc, out, _ = await env.cli("results", job_id, "--json", "--out", str(env.tmp / "again"))
-    assert json.loads(out)["results_files"] == 1
+    rc, out, err = await env.cli("results", job_id, "--json", "--out", str(env.tmp / "again"))
+    assert rc == 0, err
+    assert json.loads(out)["results_files"] == 1, (out, err)
 
 
 async def test_earlier_results_are_never_shipped(env: Env) -> None:
