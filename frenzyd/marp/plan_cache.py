@@ -70,7 +70,26 @@ MEMO_SIZE = 32768
 """Entries one job shape's memo may hold before it starts afresh (a few thousand over a 1,000-peer
 pool; ~250 B each)."""
 
-_JobKey = tuple[ModelSpec, TrainingSetup, bool, AnalyticConstants]
+NAMELESS = 256
+"""Models whose nameless copy is kept by identity."""
+
+
+class _Key:
+    """A key of large frozen parts (a model, a setup, pools) whose hash is computed once per call."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple[object, ...]) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self._hash == other._hash and self.parts == other.parts
+
+
 _TypeKey = tuple[str, float, int, bool, float]
 
 
@@ -111,9 +130,10 @@ class PlanCache:
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0 (0 disables the cache), got {maxsize}")
         self.maxsize = maxsize
-        self._jobs: OrderedDict[_JobKey, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
-        self._memos: OrderedDict[_JobKey, Memo] = OrderedDict()
-        self._answers: OrderedDict[tuple[object, ...], tuple[Plan, ...]] = OrderedDict()
+        self._jobs: OrderedDict[_Key, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
+        self._memos: OrderedDict[_Key, Memo] = OrderedDict()
+        self._answers: OrderedDict[_Key, tuple[Plan, ...]] = OrderedDict()
+        self._names: dict[int, tuple[ModelSpec, ModelSpec]] = {}
         self._hits = self._misses = self._counts = 0
 
     def stats(self) -> CacheStats:
@@ -123,6 +143,7 @@ class PlanCache:
         self._jobs.clear()
         self._memos.clear()
         self._answers.clear()
+        self._names.clear()
         self._hits = self._misses = self._counts = 0
 
     def feasible_plans(
@@ -164,17 +185,18 @@ class PlanCache:
                                         constants=constants, calibration=calibration,
                                         torch_version=torch_version, trainer_only=trainer_only))
         job = job_shape(setup)
-        validate(model, job)
-        jkey: _JobKey = (replace(model, name=""), job, trainer_only, constants)
+        jkey = _Key((self._nameless(model), job, trainer_only, constants))
         extras = tuple(overhead_raise(calibration, pool.gpu_type, model, torch_version) for pool in pools)
-        akey = (jkey, tuple(pools), headroom, max_gpus, extras)
+        akey = _Key((jkey, tuple(pools), headroom, max_gpus, extras))
         answer = self._answers.get(akey)
         if answer is not None and jkey in self._jobs:  # an evicted job shape forgets its answers
+            # (validated when it was computed: validity depends on nothing outside the key)
             with contextlib.suppress(KeyError):
                 self._answers.move_to_end(akey)
                 self._jobs.move_to_end(jkey)
             self._hits += len(pools)
             return answer
+        validate(model, job)
         types = self._jobs.get(jkey)
         if types is None:
             types = {}
@@ -204,7 +226,18 @@ class PlanCache:
                 break
         return answer
 
-    def _memo(self, jkey: _JobKey) -> Memo:
+    def _nameless(self, model: ModelSpec) -> ModelSpec:
+        """``model`` without its name (kept by identity: a preset is one object per process)."""
+        hit = self._names.get(id(model))
+        if hit is not None and hit[0] is model:
+            return hit[1]
+        nameless = replace(model, name="")
+        if len(self._names) >= NAMELESS:
+            self._names.clear()
+        self._names[id(model)] = (model, nameless)
+        return nameless
+
+    def _memo(self, jkey: _Key) -> Memo:
         memo = self._memos.get(jkey)
         if memo is None or len(memo) > MEMO_SIZE:
             memo = Memo()

@@ -195,8 +195,9 @@ class Budget:
 def job_shape(setup: TrainingSetup) -> TrainingSetup:
     """The part of ``setup`` plans depend on (seq_len, dtype, optimizer, recompute, effective global
     batch), as the one-GPU setup every candidate is derived from."""
-    return replace(setup, micro_batch=1, global_batch=setup.effective_global_batch, dp=1, tp=1, pp=1,
-                   zero=0)
+    return TrainingSetup(seq_len=setup.seq_len, micro_batch=1, dtype=setup.dtype,
+                         global_batch=setup.effective_global_batch, optimizer=setup.optimizer,
+                         recompute=setup.recompute, zero=0, dp=1, tp=1, pp=1)
 
 
 def _variant(job: TrainingSetup, shape: _Shape, micro_batch: int, zero: int) -> TrainingSetup:
