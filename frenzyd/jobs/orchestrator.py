@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from frenzyd.errors import FrenzyError
+from frenzyd.errors import AuthError, FrenzyError
 from frenzyd.jobs.context import (
     MAX_REPORTED_JOBS,
     ClusterView,
@@ -294,6 +294,8 @@ class Orchestrator:
                 raise TypeError(f"{kind.KIND} handler got {type(msg).__name__}, not {kind.__name__}")
             try:
                 return (await h(peer, msg)).to_body()
+            except AuthError:
+                raise  # the dispatcher refuses it and counts it (frenzy_auth_refusals_total)
             except FrenzyError as exc:
                 return Ack(False, str(exc)).to_body()
         return handler

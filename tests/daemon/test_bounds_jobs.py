@@ -22,7 +22,7 @@ import pytest
 from frenzy_client.results import ResultsRefused, extract_results
 from frenzyd.config import HostPort, WebSection
 from frenzyd.daemon import Daemon
-from frenzyd.errors import FrenzyError
+from frenzyd.errors import FrenzyError, PeerError
 from frenzyd.jobs.context import ClusterView, RoleContext, Versions
 from frenzyd.jobs.lifecycle import run_attempt
 from frenzyd.jobs.messages import JobResults
@@ -99,9 +99,9 @@ async def test_results_are_taken_only_from_the_node_that_ran_rank_0(
 ) -> None:
     n1, sub, nets = submitter_net
     forged = JobResults("n1-job-1", 1, 0, 6, b"forged")
-    reply = await nets["n3"].send(n1.creds.node_id, forged.KIND, forged.to_body())
-    assert reply.body["ok"] is False
-    assert reply.body["reason"].startswith("not_rank0_host")
+    with pytest.raises(PeerError, match="not_rank0_host"):  # refused and counted, as any auth refusal
+        await nets["n3"].send(n1.creds.node_id, forged.KIND, forged.to_body())
+    assert n1.counters.auth_refusals["not_rank0_host"] == 1
     assert sub.store.results("n1-job-1") is None
     real = JobResults("n1-job-1", 1, 0, 4, b"real")
     reply = await nets["n2"].send(n1.creds.node_id, real.KIND, real.to_body())
