@@ -21,6 +21,10 @@ What a plan depends on (``plans.count_plan``), and so the key:
 
 Peer identities, which peers hold the GPUs and anything else of the offer are not part of it.
 
+In front of that, whole answers are kept by every input (the pools exactly): a queue asked about
+again over an unchanged pool gets the very same tuple back (``PlanCache.plans``, ``cached_plans``),
+so a caller can keep what it derives from an answer (its own plan records) by the answer's identity.
+
 Bounded: at most ``maxsize`` job shapes (least recently used evicted), each with at most
 ``TYPES_PER_JOB`` per-type entries and ``BUDGETS_PER_TYPE`` budget intervals per entry; the tensor
 peaks and per-shape answers behind them (``plans.Memo``) for the ``MEMO_SHAPES`` most recent shapes.
