@@ -86,6 +86,9 @@ class JobSpec:
     checkpoint_every: int | None = None
     seed: int | None = None
     """Trainer options; None = the trainer's default (``frenzyd.trainer.plan.DEFAULTS``)."""
+    stand_in: bool = False
+    """On simulated GPUs, run a small stand-in of the model paced to MARP's step time
+    (``frenzyd.jobs.rank_host.stand_in_plan``); real GPUs run the model itself."""
 
     def trainer_options(self) -> dict[str, Any]:
         """The options a trainer job hands its ranks in ``FRENZY_PLAN`` (None: the trainer's default)."""
@@ -117,6 +120,8 @@ class JobSpec:
 
     def validate(self) -> JobSpec:
         """Check the spec; raise ``ConfigError`` saying what to change.  Returns self."""
+        if self.stand_in and not self.trainer:
+            raise ConfigError("--stand-in is for built-in trainer jobs (--model with --data)")
         if self.trainer:
             self._validate_trainer()
         elif not self.argv:
@@ -174,7 +179,7 @@ class JobSpec:
         } | ({  # only trainer jobs carry these: a script job's dict (and its frames) is unchanged
             "trainer": True, "data_name": self.data_name, "lr": self.lr, "warmup": self.warmup,
             "checkpoint_every": self.checkpoint_every, "seed": self.seed,
-        } if self.trainer else {})
+        } if self.trainer else {}) | ({"stand_in": True} if self.stand_in else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
@@ -211,6 +216,7 @@ class JobSpec:
                 warmup=_opt(d, "warmup", int),
                 checkpoint_every=_opt(d, "checkpoint_every", int),
                 seed=_opt(d, "seed", int),
+                stand_in=bool(_opt(d, "stand_in", bool)),
             )
         except KeyError as exc:
             raise WireError(f"job spec: missing key {exc.args[0]!r}") from None

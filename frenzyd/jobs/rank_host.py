@@ -92,6 +92,8 @@ def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Pa
     if not spec.trainer:
         return list(spec.argv), {"FRENZY_PLAN": json.dumps(job_plan), "FRENZY_STOP_GRACE_S": grace}
     assert spec.data_name is not None  # JobSpec.validate
+    if spec.stand_in and plan.get("backend") == "gloo":
+        job_plan.update(stand_in_plan(spec, plan, run_dir))
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     if all_ranks_here:
@@ -102,6 +104,40 @@ def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Pa
         "FRENZY_PLAN": json.dumps(job_plan), "FRENZY_CHECKPOINT_DIR": str(ckpt),
         "FRENZY_STOP_GRACE_S": grace, "PYTHONPATH": _pythonpath(),
     }
+
+
+STAND_IN_SEQ = 64
+"""Longest sequence a stand-in trains on (its positions)."""
+
+
+def stand_in_plan(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """``FRENZY_PLAN`` keys that make a trainer job on simulated GPUs run a small stand-in of its
+    model (``frenzyd.trainer.plan.StandIn``): a 2-layer LLaMA with the declared model's vocabulary,
+    data-parallel over the same ranks, one sequence per rank, each step paced to MARP's step time
+    of the declared plan (at least 0.5 s), and MARP's bytes for that plan checked against the
+    device's memory.  Rendezvous, steps, checkpoints and results stay real."""
+    from frenzyd.jobs.placement import job_model
+
+    declared = job_model(spec)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": declared.vocab, "max_position_embeddings": STAND_IN_SEQ,
+           "tie_word_embeddings": False, "attention_dropout": 0.0}
+    path = run_dir / "stand-in-config.json"
+    path.write_text(json.dumps(cfg))
+    world = int(plan.get("gpus") or 1)
+    return {
+        "model": str(path), "seq_len": min(spec.seq_len or STAND_IN_SEQ, STAND_IN_SEQ), "global_batch": world,
+        "dp": world, "tp": 1, "pp": 1, "zero": 0, "micro_batch": None, "grad_accum": None,
+        "stand_in": {"stands_for": spec.model or spec.name or "model",
+                     "pace_s": max(MIN_STAND_IN_STEP_S, float(plan.get("step_time_s") or 0.0)),
+                     "bytes_per_gpu": int(plan.get("bytes_per_gpu") or 0),
+                     "gpu_memory_bytes": int(plan.get("gpu_memory_bytes") or 0)},
+    }
+
+
+MIN_STAND_IN_STEP_S = 0.5
+"""A stand-in step takes at least this long, so a pool of simulated GPUs runs at a human pace."""
 
 
 def _seed_checkpoint(run_dir: Path, ckpt: Path) -> Path | None:

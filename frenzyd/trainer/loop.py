@@ -223,6 +223,9 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
     t0 = time.monotonic()
     stop = stop or StopFlag()
     device = device_for(env.local_rank)
+    if plan.stand_in is not None and (oom := plan.stand_in.out_of_memory()) is not None:
+        raise torch.OutOfMemoryError(oom)
+    pace_s = plan.stand_in.pace_s if plan.stand_in is not None else 0.0
     spec = plan.spec()
     data = TokenData(plan.data, vocab=spec.vocab, seq_len=plan.seq_len, global_batch=plan.global_batch,
                      seed=plan.seed, check=not data_checked)
@@ -254,6 +257,8 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
         step += 1
         losses.append(loss)
         meter.step_done()
+        if pace_s:  # a stand-in takes the declared model's time on this GPU type (StandIn)
+            time.sleep(max(0.0, pace_s - (time.monotonic() - ts)))
         step_times.append(time.monotonic() - ts)
         if env.rank == 0:
             recent = step_times[-10:]

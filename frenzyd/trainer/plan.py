@@ -38,6 +38,49 @@ DEFAULTS: dict[str, Any] = {
 
 
 @dataclass(frozen=True, slots=True)
+class StandIn:
+    """On a simulated GPU the trainer may run a small stand-in for the job's model (DESIGN.md §8 and
+    issue 14): the same steps, data, checkpoints and rendezvous, with each step paced to MARP's step
+    time of the declared model on the placed GPU type, and MARP's memory for the plan checked
+    against the device's (a simulated out-of-memory error when it does not fit)."""
+
+    stands_for: str
+    """The declared model (preset name or config name)."""
+    pace_s: float
+    """Every step takes at least this long (seconds)."""
+    bytes_per_gpu: int = 0
+    """MARP's prediction for the declared model on the plan (0: not checked)."""
+    gpu_memory_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stands_for": self.stands_for, "pace_s": self.pace_s, "bytes_per_gpu": self.bytes_per_gpu,
+                "gpu_memory_bytes": self.gpu_memory_bytes}
+
+    @classmethod
+    def parse(cls, raw: object) -> StandIn | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ConfigError("stand_in must be a JSON object")
+        try:
+            out = cls(str(raw["stands_for"]), float(raw["pace_s"]), int(raw.get("bytes_per_gpu") or 0),
+                      int(raw.get("gpu_memory_bytes") or 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"stand_in: {exc!r}") from None
+        if not 0 <= out.pace_s < 86400 or out.bytes_per_gpu < 0 or out.gpu_memory_bytes < 0:
+            raise ConfigError("stand_in: pace_s in [0, 86400) and non-negative byte counts")
+        return out
+
+    def out_of_memory(self) -> str | None:
+        """The simulated device's out-of-memory message when the plan does not fit it (None: fits)."""
+        if self.bytes_per_gpu and self.gpu_memory_bytes and self.bytes_per_gpu > self.gpu_memory_bytes:
+            return (f"CUDA out of memory (simulated device): {self.stands_for} on this plan needs "
+                    f"{self.bytes_per_gpu / 2**30:.2f} GiB per GPU (MARP), the device has "
+                    f"{self.gpu_memory_bytes / 2**30:.2f} GiB")
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class TrainerPlan:
     """Everything one run of the built-in trainer needs; every field validated by :func:`resolve`."""
 
@@ -60,6 +103,8 @@ class TrainerPlan:
     seed: int
     checkpoint_every: int
     """Save a checkpoint every this many steps (0: only on SIGTERM)."""
+    stand_in: StandIn | None = None
+    """Set on simulated GPUs for a job that asked for a paced stand-in (``StandIn``)."""
 
     @property
     def world_size(self) -> int:
@@ -77,7 +122,9 @@ class TrainerPlan:
         return load_model(self.model)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stand_in"] = None if self.stand_in is None else self.stand_in.to_json()
+        return out
 
     def with_parallel(self, *, dp: int, tp: int = 1, pp: int = 1, zero: int = 0,
                       micro_batch: int | None = None) -> TrainerPlan:
@@ -169,6 +216,7 @@ def resolve(raw: Mapping[str, Any], *, need_data: bool = True) -> TrainerPlan:
         optimizer=_choice(merged, "optimizer", OPTIMIZERS),
         lr=float(lr), warmup=_int(merged, "warmup", 0), seed=_int(merged, "seed", 0),
         checkpoint_every=_int(merged, "checkpoint_every", 0),
+        stand_in=StandIn.parse(merged.get("stand_in")),
     )
     if plan.zero > 3:
         raise ConfigError(f"zero = {plan.zero} must be 0, 1, 2 or 3")

@@ -8,6 +8,7 @@ harness's router (the real wire codec); ``jobs.min_run_s`` shrunk to 2 s.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,25 @@ async def test_a_job_whose_gpu_owner_returns_resumes_on_another_node_from_its_su
     assert not (pool.tmp / other.nid / "runs" / job.id / "a1").exists()  # not a local leftover
     await c.orch.submitter.cancel(job.id)
     await asyncio.sleep(0.5)
+
+
+async def test_a_stand_in_runs_on_simulated_gpus_at_marps_pace(pool: Pool, tmp_path: Path) -> None:
+    """``stand_in``: a gpt2-medium job on simulated GPUs trains a small stand-in whose every step
+    takes MARP's step time for gpt2-medium on the placed plan (at least 0.5 s); steps, checkpoint
+    and results are real."""
+    pool.add("a", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    req = trainer_request(tmp_path, "medium", steps=4, checkpoint_every=0)
+    req.update(model="gpt2-medium", model_config=None, seq_len=128, stand_in=True)
+    job = await c.orch.submit(req)
+    done = await wait_state(c, job.id, {"succeeded", "failed"}, limit=180)
+    assert done["state"] == "succeeded", done
+    pace = max(0.5, done["plan"]["step_time_s"])
+    times = [ev["t"] for ev in c.orch.store.read_output(job.id)
+             if ev.get("rank") == 0 and '"step"' in str(ev.get("data"))]
+    assert len(times) >= 2
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.8 * pace, (pace, gaps)  # paced (output batching blurs single gaps a little)
+    assert [s for _, s in steps_of(c, job.id)] == [1, 2, 3, 4]

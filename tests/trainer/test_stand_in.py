@@ -1,0 +1,58 @@
+"""The stand-in a trainer job runs on simulated GPUs (``StandIn``, ``rank_host.stand_in_plan``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from frenzyd.errors import ConfigError
+from frenzyd.jobs.model import JobSpec
+from frenzyd.jobs.rank_host import MIN_STAND_IN_STEP_S, rank_command
+from frenzyd.trainer.loop import RunEnv, train
+from frenzyd.trainer.plan import StandIn, resolve
+
+
+def spec(**kw: object) -> JobSpec:
+    base = {"argv": (), "payload_sha256": "0" * 64, "payload_size": 0, "python_version": "3.11.7",
+            "torch_version": "2.13.0", "model": "llama-2-7b", "seq_len": 2048, "global_batch": 64,
+            "steps": 10,
+            "dtype": "bf16-mixed", "trainer": True, "data_name": "corpus.txt", "stand_in": True}
+    return JobSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+PLAN = {"gpu_type": "A100-80GB", "gpus": 4, "dp": 1, "tp": 2, "pp": 2, "zero": 0, "micro_batch": 1,
+        "grad_accum": 64, "bytes_per_gpu": 30 << 30, "gpu_memory_bytes": 80 << 30, "step_time_s": 7.5,
+        "backend": "gloo"}
+
+
+def test_simulated_gpus_get_a_paced_stand_in_and_real_ones_the_model(tmp_path: Path) -> None:
+    _, env = rank_command(spec(), PLAN, tmp_path, tmp_path / "work", 10.0)
+    plan = json.loads(env["FRENZY_PLAN"])
+    assert plan["stand_in"] == {"stands_for": "llama-2-7b", "pace_s": 7.5, "bytes_per_gpu": 30 << 30,
+                                "gpu_memory_bytes": 80 << 30}
+    assert (plan["dp"], plan["tp"], plan["pp"], plan["global_batch"]) == (4, 1, 1, 4)
+    assert json.loads(Path(plan["model"]).read_text())["vocab_size"] == 32000  # the declared vocabulary
+    resolved = resolve({**plan, "data": "x"})
+    assert resolved.stand_in == StandIn("llama-2-7b", 7.5, 30 << 30, 80 << 30)
+    assert resolve(resolved.to_json()) == resolved
+    fast = rank_command(spec(), {**PLAN, "step_time_s": 0.01}, tmp_path, tmp_path / "w", 10.0)[1]
+    assert json.loads(fast["FRENZY_PLAN"])["stand_in"]["pace_s"] == MIN_STAND_IN_STEP_S
+    real = rank_command(spec(), {**PLAN, "backend": "nccl"}, tmp_path / "r", tmp_path / "w", 10.0)[1]
+    assert "stand_in" not in json.loads(real["FRENZY_PLAN"])
+    assert json.loads(real["FRENZY_PLAN"])["model"] == "llama-2-7b"
+    with pytest.raises(ConfigError, match="--stand-in"):
+        JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                torch_version="2.13.0", nproc=1, mem_per_rank=1, stand_in=True).validate()
+
+
+def test_a_plan_over_the_simulated_devices_memory_is_an_out_of_memory_error(tmp_path: Path) -> None:
+    (tmp_path / "c.txt").write_text("hello world " * 100)
+    plan = resolve({"model": "tiny-llama", "data": str(tmp_path / "c.txt"), "seq_len": 16, "global_batch": 1,
+                    "steps": 1, "stand_in": {"stands_for": "llama-2-70b", "pace_s": 0.5,
+                                             "bytes_per_gpu": 90 << 30, "gpu_memory_bytes": 80 << 30}})
+    env = RunEnv()
+    with pytest.raises(torch.OutOfMemoryError, match=r"llama-2-70b on this plan needs 90\.00 GiB"):
+        train(plan, env)
