@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 _GPU_KEYS = ("uuid", "type", "memory_bytes", "free_bytes", "simulated", "leased_to")
+GPU_DETAIL_KEYS = ("reason", "foreign_processes", "ignored_processes", "ignored_bytes", "processes_known",
+                   "compute_capability", "driver_version", "cuda_driver_version", "mig")
+"""What a node's inventory adds per GPU (``frenzyd.node.inventory.GpuInfo.to_json`` and the daemon's
+``offered``/``reason``), passed through when the report carries it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +27,7 @@ class PeerState:
 def _gpu(g: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {k: g.get(k) for k in _GPU_KEYS}
     out["simulated"] = bool(out["simulated"])
-    for extra in ("index", "offered", "utilization"):
+    for extra in ("index", "offered", "utilization", *GPU_DETAIL_KEYS):
         if extra in g:
             out[extra] = g[extra]
     return out

@@ -361,3 +361,21 @@ def test_ignore_processes_config() -> None:
         load({"ignore_processes": 3})
     with pytest.raises(ConfigError, match="did you mean 'ignore_processes'"):
         load({"ignore_process": ["Xorg"]})
+
+
+def test_status_json_passes_the_inventory_fields_through() -> None:
+    from frenzyd.jobs.status import PeerState, build_status
+
+    (g,) = snap(fake_nvml([FakeGpu(compute=real.NVML_ERROR_NOT_SUPPORTED)]))
+    reason = withheld_reason(g)
+    report = {"gpus": [{**g.to_json(), "offered": reason is None, "reason": reason, "leased_to": None}]}
+    st = build_status(node_id="n", node_name="n", term=1, coordinator=None,
+                      peers=[PeerState("n", "n", "127.0.0.1:1", True, report)], jobs=[])
+    (gj,) = st["peers"][0]["gpus"]
+    assert gj["offered"] is False
+    assert "Not Supported" in gj["reason"]
+    assert gj["compute_capability"] == "8.6"
+    assert gj["driver_version"] == "550.54.14"
+    assert gj["cuda_driver_version"] == "12.4"
+    assert gj["processes_known"] is False
+    assert gj["mig"] is None
