@@ -1,62 +1,58 @@
-"""The local client API: HTTP/JSON on a unix socket (file permissions) or 127.0.0.1 with a token.
+"""The local client API: HTTP/JSON on a unix socket or 127.0.0.1, knowing who calls.
 
 Endpoints (all JSON unless noted; errors are ``{"error": message}`` with 4xx):
 
 * ``GET /v1/status`` -- the status JSON of DESIGN.md §6
+* ``GET /v1/whoami`` -- the caller as the daemon sees it (``frenzyd.api.identity.Caller``)
 * ``GET /v1/jobs`` -- ``{"jobs": [...]}``, every job this node knows
 * ``POST /v1/jobs`` -- submit (``workdir``, ``argv`` and the JobSpec fields) -> ``{"job": summary}``
 * ``GET /v1/jobs/{id}`` -- the job's full record (jobs submitted here) or its summary
 * ``GET /v1/jobs/{id}/events[?follow=1]`` -- NDJSON: state and output events, following until the end
 * ``POST /v1/jobs/{id}/cancel`` -- ``{"job": summary}``
 * ``GET /v1/jobs/{id}/results`` -- rank 0's output files as packed by the launcher (bytes), 404 if none
+* ``POST /v1/tokens`` ``{"user": NAME}`` (admins) -> ``{"user", "uid", "token"}``: a per-user TCP token
+* ``DELETE /v1/tokens/{user}`` (admins) -- forget that user's token
 
-Over TCP every request needs ``Authorization: Bearer <token>``; the token is in
-``data_dir/client.token`` (mode 0600, created at first start), so only users who can read
-that file can submit.  A unix socket is created with mode 0660: access is whoever the file
-system lets in (the daemon's user and group).
+Every request is identified first (``frenzyd.api.identity``): on the unix socket by the kernel
+(``SO_PEERCRED``), over TCP by ``Authorization: Bearer <token>`` -- a user's own token, or the
+admin token ``data_dir/client.token`` (mode 0600, created at first start).  A request that
+cannot be identified gets 401.  The unix socket is created with mode 0660: who may connect at
+all is whoever the file system lets in (the daemon's user and group).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from frenzyd.errors import ConfigError, FrenzyError, JobStateError
+from frenzyd.api.identity import (
+    ADMIN_TOKEN_FILE,
+    DEFAULT_ADMIN_GROUP,
+    IDENTIFY,
+    Caller,
+    Identify,
+    UserTokens,
+    caller,
+    load_or_create_admin_token,
+)
+from frenzyd.errors import AuthError, ConfigError, FrenzyError, JobStateError
 from frenzyd.jobs.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
 
-TOKEN_FILE = "client.token"
+TOKEN_FILE = ADMIN_TOKEN_FILE
 MAX_REQUEST_BYTES = 1 << 20
 
 _ORCH: web.AppKey[Orchestrator] = web.AppKey("orch", Orchestrator)
 _STATUS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("status")
-_TOKEN: web.AppKey[str | None] = web.AppKey("token")
-
-
-def load_or_create_token(data_dir: Path) -> str:
-    """The API token in ``data_dir/client.token``, created (0600) when missing."""
-    path = data_dir / TOKEN_FILE
-    try:
-        token = path.read_text().strip()
-        if token:
-            return token
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
+_TOKENS: web.AppKey[UserTokens] = web.AppKey("tokens", UserTokens)
 
 
 def parse_listen(listen: str) -> tuple[str, Path | None, str | None, int | None]:
@@ -74,12 +70,11 @@ def parse_listen(listen: str) -> tuple[str, Path | None, str | None, int | None]
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    token = request.app[_TOKEN]
-    if token is not None:
-        got = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
-            return web.json_response({"error": "missing or wrong API token (see data_dir/client.token)"},
-                                     status=401)
+    try:
+        caller(request)
+    except AuthError as exc:
+        log.info("client API: refused an unidentified request (%s)", exc.reason)
+        return web.json_response({"error": str(exc).removeprefix(f"{exc.reason}: ")}, status=401)
     try:
         resp: web.StreamResponse = await handler(request)
     except JobStateError as exc:
@@ -92,6 +87,42 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 async def _status(request: web.Request) -> web.Response:
     return web.json_response(request.app[_STATUS]())
+
+
+async def _whoami(request: web.Request) -> web.Response:
+    return web.json_response(caller(request).to_dict())
+
+
+def _admin(request: web.Request, what: str) -> Caller:
+    who = caller(request)
+    if not who.admin:
+        group = request.app[IDENTIFY].admin_group
+        raise web.HTTPForbidden(
+            text=json.dumps({"error": f"{what}: only an admin may (uid 0, the daemon's user, or a member of "
+                                      f"the group {group!r}); you are {who.user}"}),
+            content_type="application/json")
+    return who
+
+
+async def _issue_token(request: web.Request) -> web.Response:
+    _admin(request, "issuing a token")
+    try:
+        body = await request.json()
+    except ValueError:
+        return web.json_response({"error": "request body is not JSON"}, status=400)
+    user = body.get("user") if isinstance(body, dict) else None
+    if not isinstance(user, str) or not user:
+        return web.json_response({"error": "give the user: {\"user\": NAME}"}, status=400)
+    token, uid = request.app[_TOKENS].issue(user)
+    return web.json_response({"user": user, "uid": uid, "token": token}, status=201)
+
+
+async def _revoke_token(request: web.Request) -> web.Response:
+    _admin(request, "revoking a token")
+    user = request.match_info["user"]
+    if not request.app[_TOKENS].revoke(user):
+        return web.json_response({"error": f"user {user!r} has no token"}, status=404)
+    return web.json_response({"user": user, "revoked": True})
 
 
 async def _jobs(request: web.Request) -> web.Response:
@@ -161,12 +192,15 @@ async def _results(request: web.Request) -> web.Response:
 
 
 def build_client_app(
-    orch: Orchestrator, status: Callable[[], dict[str, Any]], token: str | None
+    orch: Orchestrator, status: Callable[[], dict[str, Any]], identify: Identify, tokens: UserTokens
 ) -> web.Application:
-    """The aiohttp application of the local API (``token`` None = no token check: unix socket)."""
+    """The aiohttp application of the local API; ``identify`` tells who calls."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BYTES)
-    app[_ORCH], app[_STATUS], app[_TOKEN] = orch, status, token
+    app[_ORCH], app[_STATUS], app[IDENTIFY], app[_TOKENS] = orch, status, identify, tokens
     app.router.add_get("/v1/status", _status)
+    app.router.add_get("/v1/whoami", _whoami)
+    app.router.add_post("/v1/tokens", _issue_token)
+    app.router.add_delete("/v1/tokens/{user}", _revoke_token)
     app.router.add_get("/v1/jobs", _jobs)
     app.router.add_post("/v1/jobs", _submit)
     app.router.add_get("/v1/jobs/{job_id}", _job)
@@ -179,13 +213,18 @@ def build_client_app(
 class ClientApi:
     """Serves the local API until ``stop()``."""
 
-    def __init__(self, listen: str, data_dir: Path, orch: Orchestrator, status: Callable[[], dict[str, Any]]):
+    def __init__(self, listen: str, data_dir: Path, orch: Orchestrator, status: Callable[[], dict[str, Any]],
+                 *, admin_group: str = DEFAULT_ADMIN_GROUP):
         self.kind, self.path, self.host, self.port = parse_listen(listen)
         if self.kind == "tcp" and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("client API on %s: reachable beyond this machine, protected only by the token",
                         self.host)
-        self.token = load_or_create_token(data_dir) if self.kind == "tcp" else None
-        self.app = build_client_app(orch, status, self.token)
+        self.token = load_or_create_admin_token(data_dir) if self.kind == "tcp" else None
+        """The admin token (TCP only)."""
+        self.tokens = UserTokens(data_dir)
+        self.identify = Identify(admin_group=admin_group, daemon_uid=os.geteuid(), admin_token=self.token,
+                                 tokens=self.tokens)
+        self.app = build_client_app(orch, status, self.identify, self.tokens)
         self._runner: web.AppRunner | None = None
 
     @property
