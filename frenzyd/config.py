@@ -101,6 +101,13 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "local client API: `unix:/path` (file permissions) or "
         "`127.0.0.1:PORT` (per-user token file in data_dir)",
     ),
+    (
+        "client",
+        "admin_group",
+        '"frenzy-admin"',
+        "members of this local group are admins of the client API (see, read and cancel every user's jobs, "
+        "issue tokens), besides root and the daemon's own user; a missing group has no members",
+    ),
     ("web", "listen", '"127.0.0.1:7480"', "read-only status page, JSON and /metrics"),
     (
         "web",
@@ -148,7 +155,13 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "their supervisor; the coordinator re-places a silent node's jobs only after lease_timeout_s + "
         "peer_timeout_s + 2 x heartbeat_s",
     ),
-    ("timing", "shutdown_deadline_s", "10.0", "SIGTERM: stop gracefully within this, then cancel"),
+    (
+        "timing",
+        "shutdown_deadline_s",
+        "25.0",
+        "SIGTERM: stop gracefully within this, then cancel; at least launcher.stop_grace_s + 5, so the "
+        "ranks get their whole grace first (the systemd unit's TimeoutStopSec covers it)",
+    ),
     ("timing", "inventory_refresh_s", "2.0", "interval between GPU inventory refreshes"),
     (
         "launcher",
@@ -177,7 +190,15 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "inclusive TCP port range for the per-job rendezvous store (MASTER_PORT); open it between peers. "
         "gloo/NCCL rank-to-rank links use ephemeral ports on the pool interface",
     ),
-    ("launcher", "term_grace_s", "10.0", "cancel: SIGTERM the rank process group, SIGKILL after this"),
+    (
+        "launcher",
+        "stop_grace_s",
+        "10.0",
+        "every stop of a job's ranks (cancel, preemption, daemon shutdown): SIGTERM to the rank process "
+        "group, SIGKILL after this; ranks read the shortest grace they can get, min(stop_grace_s, "
+        "owner.vacate_grace_s), in FRENZY_STOP_GRACE_S",
+    ),
+    ("launcher", "term_grace_s", "10.0", "old name of stop_grace_s (read when stop_grace_s is not set)"),
     (
         "launcher",
         "env_allow",
@@ -340,6 +361,7 @@ class PoolSection:
 @dataclass(frozen=True)
 class ClientSection:
     listen: str
+    admin_group: str = "frenzy-admin"
 
     @property
     def unix_path(self) -> Path | None:
@@ -372,7 +394,7 @@ class TimingSection:
     election_grace_s: float = 4.0
     request_timeout_s: float = 5.0
     lease_timeout_s: float = 30.0
-    shutdown_deadline_s: float = 10.0
+    shutdown_deadline_s: float = 25.0
     inventory_refresh_s: float = 2.0
 
 
@@ -388,6 +410,7 @@ class LauncherSection:
     max_data_bytes: int = 4 * 1024**3
     rendezvous_ports: tuple[int, int] = (29400, 29499)
     term_grace_s: float = 10.0
+    """``stop_grace_s`` (config key; ``term_grace_s`` is its old name)."""
     env_allow: tuple[str, ...] = ()
 
 
@@ -648,7 +671,12 @@ def config_from_dict(
                 f"[client] listen = {client_listen!r}: the client API binds to loopback only "
                 "(127.0.0.1:PORT) or a unix socket (unix:/run/frenzy/client.sock)"
             )
-    client = ClientSection(listen=client_listen)
+    admin_group = tables["client"].str_("admin_group", "frenzy-admin") or ""
+    if len(admin_group) > 32 or admin_group[0] in "-." or not all(c.isalnum() or c in "_.-"
+                                                                  for c in admin_group):
+        raise ConfigError(f"[client] admin_group = {admin_group!r}: give a local group name "
+                          "(e.g. 'frenzy-admin')")
+    client = ClientSection(listen=client_listen, admin_group=admin_group)
 
     wb = tables["web"]
     web = WebSection(
@@ -674,7 +702,7 @@ def config_from_dict(
         election_grace_s=t.float_("election_grace_s", pt, open_lo=False),
         request_timeout_s=t.float_("request_timeout_s", 5.0),
         lease_timeout_s=t.float_("lease_timeout_s", 30.0),
-        shutdown_deadline_s=t.float_("shutdown_deadline_s", 10.0),
+        shutdown_deadline_s=t.float_("shutdown_deadline_s", 25.0),
         inventory_refresh_s=t.float_("inventory_refresh_s", 2.0),
     )
 
@@ -699,9 +727,15 @@ def config_from_dict(
         max_data_bytes=max_data,
         max_result_bytes=la.int_("max_result_bytes", 64 * 1024 * 1024, 1),
         rendezvous_ports=(ports[0], ports[1]),
-        term_grace_s=la.float_("term_grace_s", 10.0),
+        term_grace_s=la.float_("stop_grace_s", la.float_("term_grace_s", 10.0)),
         env_allow=la.str_list("env_allow"),
     )
+    if timing.shutdown_deadline_s < launcher.term_grace_s + 5:
+        raise ConfigError(
+            f"[timing] shutdown_deadline_s = {timing.shutdown_deadline_s} must be at least "
+            f"[launcher] stop_grace_s + 5 = {launcher.term_grace_s + 5}: on shutdown the ranks get their "
+            "whole grace to checkpoint before the daemon reports them"
+        )
 
     o = tables["owner"]
     owner = OwnerSection(

@@ -226,7 +226,7 @@ class Daemon:
             max_payload_bytes=cfg.launcher.max_payload_bytes, max_result_bytes=cfg.launcher.max_result_bytes,
             heartbeat_s=cfg.timing.heartbeat_s, lease_timeout_s=cfg.timing.lease_timeout_s,
             retention_s=cfg.jobs.retention_s, unplaceable_after_s=cfg.jobs.unplaceable_after_s,
-            min_run_s=cfg.jobs.min_run_s, policy=cfg.jobs.policy,
+            min_run_s=cfg.jobs.min_run_s, policy=cfg.jobs.policy, vacate_grace_s=cfg.owner.vacate_grace_s,
             socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
         )
         for kind, handler in self.orch.handlers().items():
@@ -257,7 +257,8 @@ class Daemon:
             async with asyncio.TaskGroup() as tg:
                 orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
                 inv_task = tg.create_task(self._inventory_loop(), name="inventory")
-                self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status)
+                self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status,
+                                           admin_group=cfg.client.admin_group)
                 await _bind(self.client_api.start, "the client API", cfg.client.listen, "[client] listen",
                             "FRENZY_CLIENT_LISTEN")
                 if cfg.network.mdns:

@@ -35,3 +35,14 @@ def test_unit_verifies(tmp_path: Path) -> None:
                          check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (res.stdout + res.stderr).strip(), res.stdout + res.stderr  # e.g. "Unknown key ..."
+
+
+def test_the_unit_waits_for_the_daemons_whole_shutdown() -> None:
+    """systemd must not SIGKILL frenzyd while its ranks still use their grace: TimeoutStopSec covers
+    the default shutdown deadline (ranks' grace first) plus the servers' close steps (5 s each)."""
+    from frenzyd.config import TimingSection
+
+    text = UNIT.read_text()
+    stop = next(int(line.split("=", 1)[1]) for line in text.splitlines()
+                if line.startswith("TimeoutStopSec="))
+    assert stop > TimingSection().shutdown_deadline_s + 5 * 5

@@ -96,6 +96,7 @@ class Orchestrator:
         unplaceable_after_s: float = 3600.0,
         min_run_s: float = 120.0,
         policy: str = "frenzy",
+        vacate_grace_s: float = 30.0,
         socket_ifname: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -114,7 +115,8 @@ class Orchestrator:
         self.rank_host = RankHostRole(self.ctx, data_dir=data_dir, gpus=gpus, launcher=launcher,
                                       rank_spec=rank_spec, unpack=unpack, collect_results=collect_results,
                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
-                                      socket_ifname=socket_ifname, retention_s=retention_s)
+                                      socket_ifname=socket_ifname, retention_s=retention_s,
+                                      vacate_grace_s=vacate_grace_s)
 
     # --- what the daemon, the client API and tests read ------------------------------------------
 

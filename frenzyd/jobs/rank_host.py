@@ -189,9 +189,11 @@ class RankHostRole:
         socket_ifname: str | None,
         retention_s: float = 7 * 24 * 3600.0,
         max_checkpoint_bytes: int = 1 << 30,
+        vacate_grace_s: float = 30.0,
     ) -> None:
         self.ctx = ctx
         self.data_dir = data_dir
+        self.vacate_grace_s = vacate_grace_s
         self._gpus = gpus
         self.launcher, self._rank_spec = launcher, rank_spec
         self._unpack, self._collect = unpack, collect_results
@@ -301,7 +303,7 @@ class RankHostRole:
     def _command(self, rec: JobRecord, plan: dict[str, Any], run_dir: Path,
                  work: Path) -> tuple[list[str], dict[str, str]]:
         here = all(r.peer == self.ctx.node_id for r in rec.ranks)
-        return rank_command(rec.spec, plan, run_dir, work, getattr(self.launcher, "term_grace_s", 10.0),
+        return rank_command(rec.spec, plan, run_dir, work, self.stop_grace_s(),
                             all_ranks_here=here)
 
     async def _fetch_payload(self, rec: JobRecord) -> bytes:
@@ -432,6 +434,12 @@ class RankHostRole:
         if coord is not None and coord != run.submitter:  # stops a failing job's other ranks sooner
             self.ctx.spawn(self._copy_to(coord, report), f"exit copy {run.job_id}")
         await self._deliver(entry, results)
+
+    def stop_grace_s(self, *, reclaim: bool = True) -> float:
+        """The grace of a stop: ``launcher.stop_grace_s``, or for an owner's reclaim the shorter of it
+        and ``owner.vacate_grace_s``.  Ranks get the shortest (``FRENZY_STOP_GRACE_S``)."""
+        grace = float(getattr(self.launcher, "term_grace_s", 10.0))
+        return min(grace, self.vacate_grace_s) if reclaim else grace
 
     def _checkpoint_part(self, run: RankRun) -> tuple[int, int, bytes, str] | None:
         """This host's part of the attempt's newest complete checkpoint, packed, as
@@ -589,7 +597,8 @@ class RankHostRole:
             run.vacated = f"the owner of GPU {hit[0]} is using it"
             log.warning("job %s: %s; stopping its ranks here so it is requeued", lease.job_id, run.vacated)
             out.append(lease.job_id)
-            await self.launcher.cancel(lease.job_id, lease.attempt)
+            self.ctx.spawn(self.launcher.cancel(lease.job_id, lease.attempt, self.stop_grace_s()),
+                           f"vacate {lease.job_id}")
         return out
 
     async def on_stop(self, peer: str, msg: JobStop) -> Ack:
@@ -619,8 +628,8 @@ class RankHostRole:
     async def stop_all(self) -> None:
         """The daemon is stopping: kill every job's ranks here (their watchers report them vacated)."""
         self.stopping = True
-        for key in list(self._runs):
-            with contextlib.suppress(Exception):
-                await self.launcher.cancel(*key)
+        # Every job's ranks at once, each with its whole grace to checkpoint: N jobs take one grace.
+        await asyncio.gather(*(self.launcher.cancel(*key) for key in list(self._runs)),
+                             return_exceptions=True)
         for ev in self._store_done.values():
             ev.set()

@@ -410,18 +410,18 @@ class Launcher:
         groups |= {p.pid for p in self._stores.values()}
         return _pgid_members(groups)
 
-    async def cancel(self, job_id: str, attempt: int) -> None:
-        """Kill every rank of the job's attempt (whole process groups, TERM then KILL after a grace)
-        and its store."""
-        await self._cancel(run_key(job_id, attempt))
+    async def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
+        """Kill every rank of the job's attempt (whole process groups, TERM then KILL after
+        ``grace_s``, default ``term_grace_s``) and its store."""
+        await self._cancel(run_key(job_id, attempt), grace_s)
 
-    async def _cancel(self, run: str) -> None:
+    async def _cancel(self, run: str, grace_s: float | None = None) -> None:
         handles = [h for h in self._ranks.get(run, []) if not h.done]
         for h in handles:
             _killpg(h.pid, signal.SIGTERM)
         if handles:
             waits = [asyncio.ensure_future(h.proc.wait()) for h in handles]
-            _, pending = await asyncio.wait(waits, timeout=self.term_grace_s)
+            _, pending = await asyncio.wait(waits, timeout=self.term_grace_s if grace_s is None else grace_s)
             for h in handles:
                 _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
             if pending:
