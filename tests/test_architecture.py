@@ -35,8 +35,9 @@ AT_IMPORT_EXEMPT = {"frenzyd.marp.trace.dist": {"socket", "threading"}}
 
 # Package -> the frenzyd packages its modules may import (besides itself).  The README's
 # architecture section shows the same table.  Top-level modules: ``errors``, ``gpu_types``,
-# ``config`` (leaf modules), ``daemon`` and ``__main__`` (the composition root: anything).
-LEAVES = {"frenzyd.errors", "frenzyd.gpu_types"}
+# ``payload`` (the job archive format the client and the daemon share), ``config`` (leaf modules),
+# ``daemon`` and ``__main__`` (the composition root: anything).
+LEAVES = {"frenzyd.errors", "frenzyd.gpu_types", "frenzyd.payload"}
 ALLOWED: dict[str, set[str]] = {
     "frenzyd.marp": set(),
     "frenzyd.has": {"frenzyd.marp"},

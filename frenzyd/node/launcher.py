@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
-import io
 import json
 import logging
 import os
 import signal
 import sys
-import tarfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import Final, Literal
 
 from frenzyd.errors import LaunchError
 from frenzyd.node import supervisor
+from frenzyd.payload import pack_dir, private_dir, unpack  # noqa: F401 - unpack: kept importable from here
 
 log = logging.getLogger(__name__)
 
@@ -513,95 +511,8 @@ async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCa
 
 
 # ---- payloads ---------------------------------------------------------------------------------
-_SKIP_DIRS = {"__pycache__", ".git", "frenzy-results"}
-"""Never shipped: caches, git, and ``frenzy-client run``'s own results (./frenzy-results/JOB/)."""
-
-
-def pack_dir(path: Path, max_bytes: int) -> tuple[bytes, str]:
-    """A gzip'd tar of the plain files under ``path`` and its sha256 hex.
-
-    Symlinks and special files are skipped, as are ``__pycache__``, ``.git`` and
-    ``frenzy-results`` (earlier jobs' results in the submitter's directory).
-    Raises :class:`LaunchError` when the files (uncompressed) or the archive
-    exceed ``max_bytes``.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise LaunchError(f"{root} is not a directory")
-    total = 0
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(
-                d for d in dirnames if d not in _SKIP_DIRS and not Path(dirpath, d).is_symlink()
-            )
-            for name in sorted(filenames):
-                full = Path(dirpath, name)
-                if full.is_symlink() or not full.is_file():
-                    continue
-                total += full.stat().st_size
-                if total > max_bytes:
-                    raise LaunchError(
-                        f"{root} holds more than {max_bytes} bytes; ship a smaller directory "
-                        "or raise [launcher] max_payload_bytes"
-                    )
-                info = tar.gettarinfo(str(full), arcname=str(full.relative_to(root)))
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                with full.open("rb") as fh:
-                    tar.addfile(info, fh)
-    data = buf.getvalue()
-    if len(data) > max_bytes:
-        raise LaunchError(f"archive of {root} is {len(data)} bytes, over the cap of {max_bytes}")
-    return data, hashlib.sha256(data).hexdigest()
-
-
-def private_dir(path: Path) -> None:
-    """Create ``path`` and its missing parents with mode 0700 (a job's run directories are its own:
-    other local users must not list or read them); an existing ``path`` is made 0700 too."""
-    path = Path(path)
-    missing = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
-    path.chmod(0o700)
-
-
-def unpack(data: bytes, sha256hex: str, dest: Path, max_bytes: int) -> list[Path]:
-    """Check and extract a :func:`pack_dir` archive into ``dest``; return the files written.
-
-    Rejects (with :class:`LaunchError`, before writing anything) a wrong hash, an
-    archive or content over ``max_bytes``, absolute or ``..`` paths, links,
-    devices and anything else that is not a plain file or directory.
-    """
-    if len(data) > max_bytes:
-        raise LaunchError(f"payload of {len(data)} bytes is over the cap of {max_bytes}")
-    if hashlib.sha256(data).hexdigest() != sha256hex:
-        raise LaunchError("payload hash mismatch: the archive was altered or truncated in transit")
-    dest = Path(dest)
-    private_dir(dest)
-    root = dest.resolve()
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members: list[tarfile.TarInfo] = []
-            total = 0
-            for m in tar:  # headers as a stream: a bomb is refused at its first header over the cap
-                members.append(m)
-                if not (m.isfile() or m.isdir()):
-                    raise LaunchError(f"payload entry {m.name!r} is not a plain file or directory")
-                target = (root / m.name).resolve()
-                if m.name.startswith("/") or ".." in Path(m.name).parts or not target.is_relative_to(root):
-                    raise LaunchError(f"payload entry {m.name!r} points outside the job directory")
-                total += m.size
-                if total > max_bytes:
-                    raise LaunchError(f"payload expands past the cap of {max_bytes} bytes")
-            tar.extractall(root, members=members, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise LaunchError(f"payload is not a valid archive: {exc}") from exc
-    return [root / m.name for m in members if m.isfile()]
+# The archive format lives in frenzyd.payload (the client packs a job's directory with it too);
+# pack_dir, private_dir and unpack stay importable from here.
 
 
 def collect_results(output_dir: Path, max_bytes: int) -> bytes:
