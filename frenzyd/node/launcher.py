@@ -27,7 +27,11 @@ from typing import Final, Literal
 
 from frenzyd.errors import LaunchError
 from frenzyd.node import supervisor
-from frenzyd.payload import pack_dir, private_dir, unpack  # noqa: F401 - unpack: kept importable from here
+
+# Re-exported (explicitly, for mypy): callers and tests import these from here.
+from frenzyd.payload import pack_dir as pack_dir  # noqa: PLC0414
+from frenzyd.payload import private_dir as private_dir  # noqa: PLC0414
+from frenzyd.payload import unpack as unpack  # noqa: PLC0414
 
 log = logging.getLogger(__name__)
 
