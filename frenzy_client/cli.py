@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "frenzy_client.cmd_simulate",
     "frenzy_client.cmd_pool",
     "frenzy_client.cmd_jobs",
+    "frenzy_client.cmd_owner",
 )
 
 EXIT_ERROR = 1

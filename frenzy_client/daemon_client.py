@@ -100,6 +100,11 @@ class DaemonClient:
         data: dict[str, Any] = await self._json("GET", "/v1/status")
         return data
 
+    async def owner(self, state: str, gpu: int | None) -> dict[str, Any]:
+        """Say the owner is ``busy`` or ``idle`` on GPU ``gpu`` (None: every GPU of the node)."""
+        data: dict[str, Any] = await self._json("POST", "/v1/owner", {"state": state, "gpu": gpu})
+        return data
+
     async def jobs(self) -> list[dict[str, Any]]:
         data = await self._json("GET", "/v1/jobs")
         return list(data["jobs"])

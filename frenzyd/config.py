@@ -230,6 +230,33 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ),
     ("owner", "vacate_grace_s", "30.0", "owner reclaimed a GPU: ranks get SIGTERM, then SIGKILL after this"),
     (
+        "owner",
+        "users",
+        "[]",
+        "local users who may say 'frenzy-client owner busy|idle' on this node (besides the admins of "
+        "[client] admin_group): busy withholds the GPU and stops Frenzy's ranks on it",
+    ),
+    (
+        "owner",
+        "windows",
+        "[]",
+        "hours the owner lends the GPUs, e.g. [\"Mon-Fri 19:00-08:00\", \"Sat,Sun 00:00-24:00\"] "
+        "(local time; empty: always); outside them the GPUs are withheld and Frenzy's ranks stopped",
+    ),
+    (
+        "owner",
+        "max_utilization",
+        "0.5",
+        "a GPU busier than this (0..1) while no Frenzy rank holds it counts as the owner's work",
+    ),
+    (
+        "owner",
+        "idle_minutes",
+        "5.0",
+        "after the owner last used a GPU (a process, utilisation, 'owner busy') it is offered again only "
+        "once it has been idle this long",
+    ),
+    (
         "jobs",
         "unplaceable_after_s",
         "3600.0",
@@ -420,6 +447,10 @@ class OwnerSection:
     protect_foreign_processes: bool = True
     ignore_processes: tuple[str, ...] = DEFAULT_IGNORE_PROCESSES
     vacate_grace_s: float = 30.0
+    users: tuple[str, ...] = ()
+    windows: tuple[str, ...] = ()
+    max_utilization: float = 0.5
+    idle_minutes: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -744,6 +775,10 @@ def config_from_dict(
         ignore_processes=o.str_list("ignore_processes") if o.has("ignore_processes")
         else DEFAULT_IGNORE_PROCESSES,
         vacate_grace_s=o.float_("vacate_grace_s", 30.0),
+        users=o.str_list("users"),
+        windows=o.str_list("windows"),  # parsed (fix-it errors) by frenzyd.node.owner at start
+        max_utilization=o.float_("max_utilization", 0.5, 0.0, 1.0, open_lo=False),
+        idle_minutes=o.float_("idle_minutes", 5.0, open_lo=False),
     )
     jb = tables["jobs"]
     jobs = JobsSection(

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from frenzyd.net.wire import Body
 from frenzyd.node import launcher as launcher_mod
 from frenzyd.node.inventory import Inventory, open_backend, withheld_reason
 from frenzyd.node.launcher import Launcher, RankSpec
+from frenzyd.node.owner import ALL_GPUS, OwnerPolicy, parse_windows
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,9 @@ class Daemon:
         self.client_api: ClientApi | None = None
         self.web: WebServer | None = None
         self.ready = asyncio.Event()
+        owner = config.owner
+        self.owner = OwnerPolicy(max_utilization=owner.max_utilization, idle_s=owner.idle_minutes * 60.0,
+                                 windows=parse_windows(owner.windows))
 
     # --- persisted daemon state (highest term) ------------------------------------------------
 
@@ -128,12 +133,76 @@ class Daemon:
         offered, the ``reason`` (owner protection, an NVML answer it cannot trust, MIG)."""
         assert self.inventory is not None
         owner = self.config.owner
+        now, local = time.time(), datetime.now()  # the owner's windows are local time
         out = []
         for g in self.inventory.last:
             reason = withheld_reason(g, 0, owner.min_free_fraction,
                                      protect_owner=owner.protect_foreign_processes)
+            reason = reason or self.owner.reason(g.uuid, now=now, local=local)
             out.append({**g.to_json(), "offered": reason is None, "reason": reason})
         return out
+
+    def _reclaimed(self) -> list[dict[str, Any]]:
+        """The GPUs as owner protection sees them: a GPU the owner said is busy, or outside the
+        hours the owner lends it, counts as the owner's (Frenzy's ranks there are stopped)."""
+        assert self.inventory is not None
+        local = datetime.now()  # the owner's windows are local time
+        closed = bool(self.owner.windows) and not any(w.contains(local) for w in self.owner.windows)
+        out = []
+        for g in self._gpus():
+            owners = closed or self.owner.said_busy(str(g["uuid"]))
+            busy = max(1, int(g.get("foreign_processes") or 0))
+            out.append({**g, "foreign_processes": busy} if owners else g)
+        return out
+
+    def _observe_owner(self) -> None:
+        """Remember when each GPU's owner was last active on it (``OwnerPolicy.observe``)."""
+        assert self.inventory is not None
+        held = set(self.orch.leases.leased_gpus()) if self.orch is not None else set()
+        now = time.time()
+        for g in self.inventory.last:
+            self.owner.observe(g.uuid, owner_process=g.foreign_processes > 0, utilization=g.utilization,
+                               frenzy_holds=g.uuid in held, now=now)
+
+    async def owner_signal(self, request: Any) -> Any:
+        """``POST /v1/owner {"state": "busy"|"idle", "gpu": INDEX|null}``: the owner's word for a
+        GPU (or all), from a user in ``[owner] users`` or an admin; busy stops Frenzy's ranks there
+        at once (with the reclaim grace), idle offers the GPU again."""
+        from aiohttp import web
+
+        from frenzyd.api.identity import caller
+
+        def refuse(why: str, status: int) -> web.Response:
+            return web.json_response({"error": why}, status=status)
+
+        who = caller(request)
+        owners = ", ".join(self.config.owner.users) or "none"
+        if not (who.admin or who.user in self.config.owner.users):
+            return refuse(f"only this machine's owners ([owner] users: {owners}) and the pool's admins may "
+                          f"say the owner is busy; you are {who.user}", 403)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        state = body.get("state") if isinstance(body, dict) else None
+        gpu = body.get("gpu") if isinstance(body, dict) else None
+        if state not in ("busy", "idle") or not (gpu is None or type(gpu) is int):
+            return refuse('give {"state": "busy"|"idle", "gpu": INDEX or null}', 400)
+        assert self.inventory is not None
+        assert self.orch is not None
+        gpus = self.inventory.last
+        uuids = [ALL_GPUS] if gpu is None else [g.uuid for g in gpus if g.index == gpu]
+        if not uuids:
+            have = ", ".join(str(g.index) for g in gpus) or "none"
+            return refuse(f"no GPU {gpu} on this node (it has {have})", 400)
+        self.owner.signal(state == "busy", uuids)
+        self._observe_owner()
+        vacated = await self.orch.protect_owner(self._reclaimed()) if state == "busy" else []
+        which = "every GPU" if gpu is None else f"GPU {gpu}"
+        log.info("owner %s said %s for %s; vacated %s", who.user, state, which, vacated or "nothing")
+        shown = [{"index": g["index"], "offered": g["offered"], "reason": g["reason"]} for g in self._gpus()]
+        return web.json_response({"state": state, "gpu": gpu, "by": who.user, "vacated": vacated,
+                                  "gpus": shown})
 
     def _self_report(self) -> dict[str, Any]:
         assert self.orch is not None
@@ -259,6 +328,7 @@ class Daemon:
                 inv_task = tg.create_task(self._inventory_loop(), name="inventory")
                 self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status,
                                            admin_group=cfg.client.admin_group)
+                self.client_api.app.router.add_post("/v1/owner", self.owner_signal)
                 await _bind(self.client_api.start, "the client API", cfg.client.listen, "[client] listen",
                             "FRENZY_CLIENT_LISTEN")
                 if cfg.network.mdns:
@@ -327,8 +397,12 @@ class Daemon:
             except FrenzyError as exc:
                 log.warning("inventory refresh failed: %s", exc)
                 continue
-            if self.orch is not None and self.config.owner.protect_foreign_processes:
-                await self.orch.protect_owner(self._gpus())
+            self._observe_owner()
+            if self.orch is not None:
+                gpus = self._reclaimed()
+                if not self.config.owner.protect_foreign_processes:  # only the owner's word and hours
+                    gpus = [g for g in gpus if self.owner.said_busy(str(g["uuid"])) or self.owner.windows]
+                await self.orch.protect_owner(gpus)
 
     def _report(self) -> dict[str, Any]:
         assert self.orch is not None
