@@ -105,6 +105,8 @@ class RankRun:
     """Why this node stopped the ranks itself (owner came back, daemon stopping, the scheduler
     preempted the attempt); empty otherwise."""
     preempted: bool = False
+    checkpoint_sent: int = -1
+    """Newest checkpoint step of this attempt the submitter has taken from this node (-1: none)."""
     """Stopped by the scheduler's order (``JobStop.preempt``): the job is requeued, nothing was lost."""
     hosts_store: bool = False
 

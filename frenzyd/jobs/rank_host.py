@@ -296,6 +296,8 @@ class RankHostRole:
         self.leases.mark_launched(job_id, attempt)
         log.info("job %s attempt %d: started rank(s) %s", job_id, attempt, [r.rank for r in mine])
         self.ctx.spawn(self._pump(run), f"output {job_id}")
+        if rec.spec.trainer:
+            self.ctx.spawn(self._upload_checkpoints(run), f"checkpoints {job_id}")
         self.ctx.spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
                     f"watch {job_id}")
         return LaunchAck(port)
@@ -413,6 +415,8 @@ class RankHostRole:
         checkpoint = None
         if run.record.spec.trainer and (report.vacated or any(c != 0 for _, c in codes)):
             checkpoint = await asyncio.to_thread(self._checkpoint_part, run)
+            if checkpoint is not None and checkpoint[0] <= run.checkpoint_sent:
+                checkpoint = None  # the submitter has it already
         results: bytes | None = None
         if rank0_here and not report.vacated:
             try:
@@ -459,6 +463,33 @@ class RankHostRole:
                         run.attempt, newest.name, exc)
             return None
         return int(step), len(run.record.peers()), data, hashlib.sha256(data).hexdigest()
+
+    async def _upload_checkpoints(self, run: RankRun) -> None:
+        """While the attempt runs, send each new complete checkpoint's part to the submitter (DESIGN
+        §8: "copied there after each save"), so the job survives the loss of any peer that ran its
+        ranks, this one included.  A failed send is retried at the next look; the attempt's last
+        checkpoint also travels with its exit report."""
+        every = max(2.0, 4 * self.ctx.heartbeat_s)
+        while not run.done:
+            await asyncio.sleep(every)
+            if run.done:
+                return
+            part = await asyncio.to_thread(self._checkpoint_part, run)
+            if part is None or part[0] <= run.checkpoint_sent:
+                continue
+            step, hosts, data, sha = part
+            try:
+                for off in range(0, max(len(data), 1), CHUNK):
+                    chunk = JobCheckpoint(run.job_id, run.attempt, step, hosts, off, len(data), sha,
+                                          data[off:off + CHUNK])
+                    ack = Ack.from_body(await self.ctx.send(run.submitter, chunk, SEND_TIMEOUT_S))
+                    if not ack.ok:
+                        raise LaunchError(ack.reason)
+            except (FrenzyError, OSError) as exc:
+                log.info("job %s attempt %d: checkpoint step %d not taken yet (%s)", run.job_id, run.attempt,
+                         step, exc)
+                continue
+            run.checkpoint_sent = step
 
     async def _send_checkpoint(self, entry: OutboxEntry) -> None:
         """This host's checkpoint part, in chunks, before the exit report: by the time the submitter

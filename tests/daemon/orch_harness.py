@@ -141,7 +141,7 @@ class Pool:
             n.stop.set()
         for n in self.nodes.values():
             try:
-                if n.task is not None:
+                if n.task is not None and not n.task.done():  # a killed node's task is over already
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(n.task, 20)
             finally:  # every launcher is closed, whatever a node's task did: no process outlives a test

@@ -142,3 +142,35 @@ async def test_a_stand_in_runs_on_simulated_gpus_at_marps_pace(pool: Pool, tmp_p
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert min(gaps) >= 0.8 * pace, (pace, gaps)  # paced (output batching blurs single gaps a little)
     assert [s for _, s in steps_of(c, job.id)] == [1, 2, 3, 4]
+
+
+async def test_a_job_survives_the_loss_of_its_rank_host_from_the_checkpoint_its_submitter_keeps(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """The node running a trainer job dies (SIGKILL: no stop, no exit report).  Its checkpoints were
+    copied to the submitter after each save while it ran, so the next attempt, on another node,
+    resumes from the last one and the job finishes with every step done."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    d = pool.add("d", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    job = await c.orch.submit(trainer_request(tmp_path, "long", steps=60, checkpoint_every=5))
+    first = await wait_state(c, job.id, {"running"})
+    host = pool.nodes[first["ranks"][0]["peer"]]
+    other = d if host is b else b
+
+    def kept() -> int:
+        meta = c.orch.store.checkpoint_meta(job.id)
+        return int(meta["step"]) if meta is not None else 0
+
+    await eventually(lambda: kept() >= 10, limit=120)
+    await pool.kill(host.nid)
+    done = await wait_state(c, job.id, {"succeeded", "failed"}, limit=240)
+    assert done["state"] == "succeeded", done
+    assert done["ranks"][0]["peer"] == other.nid
+    steps = steps_of(c, job.id)
+    resumed_at = min(s for a, s in steps if a >= 2)
+    assert resumed_at > 10  # from a checkpoint the dead node had sent, not from step 0
+    assert max(s for a, s in steps if a >= 2) == 60
