@@ -40,6 +40,10 @@ from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, GPU_TYPES
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment
 from frenzyd.marp.spec import Plan
 
+MIN_STAND_IN_STEP_S = 0.5
+"""A stand-in's step (``JobSpec.stand_in`` on simulated GPUs) takes at least this long, so a pool of
+simulated GPUs runs at a human pace; HAS is told the same paced time (``frenzyd.jobs.rank_host``)."""
+
 DEFAULT_HEADROOM = 0.10
 """Fraction of a GPU's memory kept free on top of MARP's prediction (plan fits when
 ``bytes_per_gpu * (1 + headroom) <= free``)."""
@@ -442,6 +446,13 @@ def _declared_work(
     return [with_work(v) for v in views], [with_work(v) for v in run_views]
 
 
+def _running_step_s(r: RunningInfo) -> float | None:
+    step = r.plan.step_time_s
+    if not step:
+        return None
+    return max(MIN_STAND_IN_STEP_S, step) if r.spec.stand_in and r.plan.backend == "gloo" else step
+
+
 def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[PeerOffer], *,
               headroom: float) -> tuple[Any, list[JobPlan]]:
     """HAS's view of one job (its candidate plans, speed model) and the candidates as JobPlans;
@@ -461,11 +472,14 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
         params = max(1, (spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
     speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+    simulated = {g.type for p in matching for g in p.gpus if g.simulated}
     plans = []
     for c in cands:
         base = _has_plan(c)
         if not base.step_time_s:
             base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
+        elif spec.stand_in and base.gpu_type in simulated:  # what the stand-in will take there
+            base = replace(base, step_time_s=max(MIN_STAND_IN_STEP_S, base.step_time_s))
         plans.append(base)
     view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=tuple(plans),
                    speed=speed, total_steps=1.0, remaining_steps=1.0)
@@ -530,7 +544,7 @@ def schedule(
     views, run_views = _declared_work(views, run_views, declared, done)
     running_jobs = tuple(
         RunningJob(job=v, plan=_has_plan(r.plan), gpus=tuple(g), started_s=r.started_s,
-                   step_time_s=r.plan.step_time_s or None)  # MARP's, as for the queued jobs' plans
+                   step_time_s=_running_step_s(r))  # MARP's (paced for a stand-in), as the queued jobs' plans
         for v, (r, g) in zip(run_views, runs, strict=True)
     )
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))

@@ -116,7 +116,7 @@ def stand_in_plan(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path) -> dict
     data-parallel over the same ranks, one sequence per rank, each step paced to MARP's step time
     of the declared plan (at least 0.5 s), and MARP's bytes for that plan checked against the
     device's memory.  Rendezvous, steps, checkpoints and results stay real."""
-    from frenzyd.jobs.placement import job_model
+    from frenzyd.jobs.placement import MIN_STAND_IN_STEP_S, job_model
 
     declared = job_model(spec)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
@@ -134,10 +134,6 @@ def stand_in_plan(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path) -> dict
                      "bytes_per_gpu": int(plan.get("bytes_per_gpu") or 0),
                      "gpu_memory_bytes": int(plan.get("gpu_memory_bytes") or 0)},
     }
-
-
-MIN_STAND_IN_STEP_S = 0.5
-"""A stand-in step takes at least this long, so a pool of simulated GPUs runs at a human pace."""
 
 
 def _seed_checkpoint(run_dir: Path, ckpt: Path) -> Path | None:

@@ -10,7 +10,8 @@ import torch
 
 from frenzyd.errors import ConfigError
 from frenzyd.jobs.model import JobSpec
-from frenzyd.jobs.rank_host import MIN_STAND_IN_STEP_S, rank_command
+from frenzyd.jobs.placement import MIN_STAND_IN_STEP_S
+from frenzyd.jobs.rank_host import rank_command
 from frenzyd.trainer.loop import RunEnv, train
 from frenzyd.trainer.plan import StandIn, resolve
 
