@@ -88,32 +88,39 @@ def test_install_uninstall_round_trip(tmp_path: Path) -> None:
     res = _run(str(ROOT / "scripts/install"), "--root", str(root), "--venv-from", str(venv),
                "--node-name", "ws-07")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "frenzyd enroll ws-07.frenzy-node" in res.stdout and "systemctl enable --now frenzyd" in res.stdout
+    assert "frenzyd enroll ws-07.frenzy-node" in res.stdout
+    assert "systemctl enable --now frenzyd" in res.stdout
 
     uid, gid = _ids(root)
     assert _mode(root / "etc/frenzy") == (0o750, 0, gid)
     assert _mode(root / "etc/frenzy/frenzyd.toml") == (0o640, 0, gid)
     assert _mode(root / "var/lib/frenzy") == (0o700, uid, gid)
-    for unit in ("etc/systemd/system/frenzyd.service", "etc/sysusers.d/frenzy.conf", "etc/tmpfiles.d/frenzy.conf"):
-        assert _mode(root / unit) == (0o644, 0, 0), unit
-    assert (root / "etc/systemd/system/frenzyd.service").read_text() == (ROOT / "systemd/frenzyd.service").read_text()
+    unit_file = root / "etc/systemd/system/frenzyd.service"
+    for unit in (unit_file, root / "etc/sysusers.d/frenzy.conf", root / "etc/tmpfiles.d/frenzy.conf"):
+        assert _mode(unit) == (0o644, 0, 0), unit
+    assert unit_file.read_text() == (ROOT / "systemd/frenzyd.service").read_text()
     assert os.readlink(root / "opt/frenzy/venv") == "/srv/venv"  # as the installed system sees it
     assert os.readlink(root / "usr/local/bin/frenzyd") == "/opt/frenzy/venv/bin/frenzyd"
     config = tomllib.loads((root / "etc/frenzy/frenzyd.toml").read_text())
-    assert config["node"]["name"] == "ws-07" and config["pool"]["credentials"] == "/etc/frenzy/node"
+    assert config["node"]["name"] == "ws-07"
+    assert config["pool"]["credentials"] == "/etc/frenzy/node"
 
     if shutil.which("systemd-analyze") and (root / "usr/lib/systemd/system/sysinit.target").exists():
         v = _run("systemd-analyze", "verify", "--root", str(root), "frenzyd.service")
-        assert v.returncode == 0 and not (v.stdout + v.stderr).strip(), v.stdout + v.stderr
+        assert v.returncode == 0, v.stdout + v.stderr
+        assert not (v.stdout + v.stderr).strip(), v.stdout + v.stderr
 
     again = _run(str(ROOT / "scripts/install"), "--root", str(root), "--venv-from", str(venv))
-    assert again.returncode == 2 and "already installed" in again.stderr
+    assert again.returncode == 2
+    assert "already installed" in again.stderr
 
     res = _run(str(ROOT / "scripts/uninstall"), "--root", str(root))
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (root / "etc/systemd/system/frenzyd.service").exists()
-    assert not (root / "opt").exists() and not (root / "usr/local").exists()
-    assert (root / "etc/frenzy/frenzyd.toml").exists() and (root / "var/lib/frenzy").is_dir()  # kept
+    assert not (root / "opt").exists()
+    assert not (root / "usr/local").exists()
+    assert (root / "etc/frenzy/frenzyd.toml").exists()
+    assert (root / "var/lib/frenzy").is_dir()
     assert _ids(root) == (uid, gid)
 
     res = _run(str(ROOT / "scripts/uninstall"), "--root", str(root), "--purge")
@@ -125,11 +132,15 @@ def test_install_uninstall_round_trip(tmp_path: Path) -> None:
 
 def test_install_refuses_bad_options(tmp_path: Path) -> None:
     res = _run(str(ROOT / "scripts/install"), "--root", str(tmp_path), "--torch-spec", "torch")
-    assert res.returncode == 2 and "must pin torch 2.13.0" in res.stderr
+    assert res.returncode == 2
+    assert "must pin torch 2.13.0" in res.stderr
     res = _run(str(ROOT / "scripts/install"), "--root", str(tmp_path), "--offline")
-    assert res.returncode == 2 and "--offline needs --wheelhouse" in res.stderr
+    assert res.returncode == 2
+    assert "--offline needs --wheelhouse" in res.stderr
     res = _run(str(ROOT / "scripts/install"), "--root", str(tmp_path), "--no-venv")
-    assert res.returncode == 2 and "no etc/passwd" in res.stderr
+    assert res.returncode == 2
+    assert "no etc/passwd" in res.stderr
     assert list(tmp_path.iterdir()) == []
     res = _run(str(ROOT / "scripts/uninstall"), "--root", str(tmp_path))
-    assert res.returncode == 2 and "no install record" in res.stderr
+    assert res.returncode == 2
+    assert "no install record" in res.stderr
