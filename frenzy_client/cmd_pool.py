@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from frenzyd.net import auth
+from frenzyd.net import auth, bundle
 
 
 def register(sub: Any) -> None:
@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
     add.add_argument("dir", type=Path, metavar="DIR", help="the pool directory made by 'pool init'")
     add.add_argument("name", metavar="NAME", help="node name, e.g. ws-01 (letters, digits, . _ -)")
     add.add_argument("--out", type=Path, metavar="PATH", help="output directory (default: DIR/nodes/NAME)")
+    add.add_argument("--bundle", type=Path, metavar="FILE",
+                     help="also write the credentials as one file (mode 0600) to copy to the node and "
+                     "install there with 'sudo frenzyd enroll FILE'")
     add.add_argument("--json", action="store_true", help="print the result as JSON")
     add.set_defaults(handler=_add_node)
 
@@ -54,19 +57,18 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _add_node(args: argparse.Namespace) -> int:
+    if args.bundle is not None and args.bundle.exists():  # before a key is made for nothing
+        raise bundle.BundleError(f"{args.bundle} exists; choose another --bundle file")
     node = auth.add_node(args.dir, args.name, args.out)
+    bundle_path = bundle.write_bundle(node.out_dir, args.bundle) if args.bundle is not None else None
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "node_id": node.node_id,
-                    "node_name": node.node_name,
-                    "pool_id": node.pool_id,
-                    "credentials": str(node.out_dir),
-                }
-            )
-        )
+        out = {"node_id": node.node_id, "node_name": node.node_name, "pool_id": node.pool_id,
+               "credentials": str(node.out_dir), "bundle": str(bundle_path) if bundle_path else None}
+        print(json.dumps(out))
     else:
         print(f"enrolled node {node.node_name} (id {node.node_id}) in pool {node.pool_id[:16]}…")
         print(f"  credentials: {node.out_dir}  (copy to the node; set [pool] credentials to it)")
+        if bundle_path is not None:
+            print(f"  bundle:      {bundle_path}  (secret; copy it to {node.node_name}, then there: "
+                  f"sudo frenzyd enroll {bundle_path.name}; delete it afterwards)")
     return 0

@@ -1,4 +1,7 @@
-"""``frenzyd --config FILE``: run the daemon in the foreground; signals stop it; errors become exit codes."""
+"""``frenzyd --config FILE``: run the daemon in the foreground; signals stop it; errors become exit codes.
+
+``frenzyd enroll BUNDLE``: install a node's credentials bundle (``pool add-node --bundle``).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ EXIT_ERROR = 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="frenzyd", description="Frenzy pool daemon (runs in the foreground).")
+    p = argparse.ArgumentParser(
+        prog="frenzyd", description="Frenzy pool daemon (runs in the foreground). 'frenzyd enroll BUNDLE' "
+        "installs a node's credentials (see 'frenzyd enroll -h').")
     p.add_argument("--config", required=True, type=Path, help="TOML config file (see README: configuration)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
     return p
@@ -49,7 +54,75 @@ async def _amain(config_path: Path) -> None:
     await daemon.run(stop)
 
 
+DEFAULT_CREDENTIALS = Path("/etc/frenzy/node")
+
+
+def _enroll_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="frenzyd enroll",
+        description="Install a node bundle made by 'frenzy-client pool add-node POOL NAME --bundle FILE' "
+        "as this node's credentials directory (0700, files 0600, owned by the daemon's user).")
+    p.add_argument("bundle", type=Path, metavar="BUNDLE")
+    p.add_argument("--dest", type=Path, metavar="DIR",
+                   help="credentials directory (default: [pool] credentials of --config, "
+                   "else /etc/frenzy/node)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="the daemon's config, for its [pool] credentials")
+    p.add_argument("--owner", metavar="USER",
+                   help="owner of the files (default as root: the 'frenzy' user when it exists; else you)")
+    p.add_argument("--force", action="store_true",
+                   help="replace existing credentials, also those of another pool")
+    return p
+
+
+def _enroll(argv: Sequence[str]) -> int:
+    import pwd
+    import tomllib
+
+    from frenzyd.net import bundle
+
+    args = _enroll_parser().parse_args(argv)
+    dest: Path = args.dest or DEFAULT_CREDENTIALS
+    if args.dest is None and args.config is not None:
+        try:
+            doc = tomllib.loads(args.config.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            print(f"frenzyd enroll: error: cannot read {args.config}: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        dest = Path(str(doc.get("pool", {}).get("credentials", DEFAULT_CREDENTIALS)))
+    owner: tuple[int, int] | None = None
+    user = args.owner or ("frenzy" if os.geteuid() == 0 else None)
+    if user is not None:
+        try:
+            pw = pwd.getpwnam(user)
+            owner = (pw.pw_uid, pw.pw_gid)
+        except KeyError:
+            if args.owner is not None:
+                print(f"frenzyd enroll: error: no user {user!r} (the daemon's user; see scripts/install)",
+                      file=sys.stderr)
+                return EXIT_CONFIG
+    try:
+        current = bundle.installed_pool(dest)
+        b = bundle.read_bundle(args.bundle, expect_pool=None if args.force else current)
+        bundle.install_bundle(b, dest, owner=owner, force=args.force)
+    except FrenzyError as exc:
+        print(f"frenzyd enroll: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except PermissionError as exc:
+        print(f"frenzyd enroll: error: {exc}: run it as root (sudo frenzyd enroll ...)", file=sys.stderr)
+        return EXIT_ERROR
+    who = f"owned by {user}" if owner is not None else "owned by you"
+    print(f"installed node {b.node_name} (id {b.node_id}) of pool {b.pool_id[:16]}… in {dest} ({who}; "
+          f"certificate valid until {b.not_after:%Y-%m-%d})")
+    print(f"next: set [pool] credentials = \"{dest}\" in the config, then: systemctl restart frenzyd; "
+          "delete the bundle file")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["enroll"]:
+        return _enroll(argv[1:])
     args = _parser().parse_args(argv)
     # Under systemd the journal adds timestamps; elsewhere keep them.
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else \

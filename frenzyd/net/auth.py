@@ -342,6 +342,21 @@ def _cert_public_key(cert_pem_or_der: bytes) -> Ed25519PublicKey:
     return pub
 
 
+def certificate_dates(cert_pem_or_der: bytes) -> tuple[dt.datetime, dt.datetime]:
+    """``(not_before, not_after)`` of a certificate, timezone-aware UTC; AuthError if unparseable."""
+    try:
+        cert = _load_cert(cert_pem_or_der)
+        dates = cert.not_valid_before_utc, cert.not_valid_after_utc
+    except _parse_errors() as exc:
+        raise AuthError("bad_certificate", f"malformed certificate: {str(exc)[:200]}") from exc
+    return dates
+
+
+def key_matches_cert(key_pem: bytes, cert_pem_or_der: bytes) -> bool:
+    """Whether ``key_pem`` is the private key of the certificate (AuthError if either is unreadable)."""
+    return _raw_public(_load_key(key_pem).public_key()) == _raw_public(_cert_public_key(cert_pem_or_der))
+
+
 def peer_identity_from_der(ca_pem: bytes, der: bytes, *, now: dt.datetime | None = None) -> tuple[str, str]:
     """``(node_id, node_name)`` of a TLS peer from its DER certificate; AuthError if not of this pool."""
     if not der:
