@@ -303,14 +303,10 @@ def _extract_results(data: bytes, dest: Path) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from frenzy_client import trainer_job
 
     req = build_request(args, Path.cwd())
     async with _client(args) as c:
-        try:
-            job = await c.submit(req)
-        finally:
-            trainer_job.discard_workdir(req)  # the daemon packed it before answering
+        job = await c.submit(req)  # packs the job's directory here, as you
         if args.detach:
             print(json.dumps({"job": job["id"], **job}) if args.json else job["id"])
             return EXIT_OK

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,8 +58,8 @@ def default_max_data_bytes() -> int:
 
 def build_trainer_request(args: Any, cwd: Path, max_data_bytes: int) -> dict[str, Any]:
     """The submit request of a ``run --data`` command line, every refusal checked here first
-    (``UsageError``).  ``workdir`` is a fresh directory holding only the data file: remove it with
-    :func:`discard_workdir` once the daemon has packed it (``submit`` returned)."""
+    (``UsageError``).  ``data_file`` is the data file: the client packs it, as the user
+    (``DaemonClient.submit``), the job's only shipped file."""
     from frenzyd.marp.model import list_presets, load_model
 
     data = (cwd / args.data).resolve()
@@ -103,7 +100,7 @@ def build_trainer_request(args: Any, cwd: Path, max_data_bytes: int) -> dict[str
         steps=args.steps, dtype=args.dtype, optimizer=args.optimizer, recompute=args.recompute,
         **{k: getattr(args, k) for k in TRAINER_OPTIONS},
     )
-    req["workdir"] = _data_workdir(data)
+    req["data_file"] = str(data)
     return req
 
 
@@ -153,33 +150,6 @@ def check_data(path: Path, *, vocab: int, seq_len: int, global_batch: int) -> No
         what = "byte value" if is_text else "token id"
         raise UsageError(f"--data {path} holds {what} {top} >= the model's vocabulary of {vocab}: tokenize "
                          f"for this model, or use a model with vocab_size > {top}")
-
-
-def _data_workdir(data: Path) -> str:
-    """A directory holding only ``data`` (a hard link when possible, else a copy), readable by the
-    daemon that packs it."""
-    parent = None
-    with contextlib.suppress(OSError):
-        parent = tempfile.mkdtemp(prefix=".frenzy-data-", dir=data.parent)
-    if parent is None:
-        parent = tempfile.mkdtemp(prefix="frenzy-data-")
-    target = Path(parent) / data.name
-    try:
-        try:
-            os.link(data, target)
-        except OSError:
-            shutil.copyfile(data, target)
-        os.chmod(parent, 0o755)  # the daemon (maybe another user) reads the directory
-    except OSError as exc:
-        shutil.rmtree(parent, ignore_errors=True)
-        raise FrenzyError(f"cannot stage {data} for the daemon: {exc}") from None
-    return parent
-
-
-def discard_workdir(req: Mapping[str, Any]) -> None:
-    """Remove the directory :func:`build_trainer_request` made."""
-    if req.get("trainer") and req.get("workdir"):
-        shutil.rmtree(str(req["workdir"]), ignore_errors=True)
 
 
 class Progress:

@@ -4,8 +4,12 @@ Endpoints (all JSON unless noted; errors are ``{"error": message}`` with 4xx):
 
 * ``GET /v1/status`` -- the status JSON of DESIGN.md §6
 * ``GET /v1/whoami`` -- the caller as the daemon sees it (``frenzyd.api.identity.Caller``)
-* ``GET /v1/jobs`` -- ``{"jobs": [...]}``, every job this node knows
-* ``POST /v1/jobs`` -- submit (``workdir``, ``argv`` and the JobSpec fields) -> ``{"job": summary}``
+* ``GET /v1/jobs`` -- ``{"jobs": [...]}``: for an admin every job this node knows, for anyone else
+  their own jobs submitted here (each with ``user``, its owner)
+* ``POST /v1/jobs`` -- submit: multipart/form-data, a ``spec`` part (JSON: ``argv`` and the JobSpec
+  fields, optionally ``payload_sha256``/``payload_size`` to check) then a ``payload`` part (the job's
+  directory as ``frenzyd.payload`` packs it, at most ``[launcher] max_payload_bytes``, else 413)
+  -> ``{"job": summary}``.  A ``workdir`` is refused (400): the daemon never reads a path for a user
 * ``GET /v1/jobs/{id}`` -- the job's full record (jobs submitted here) or its summary
 * ``GET /v1/jobs/{id}/events[?follow=1]`` -- NDJSON: state and output events, following until the end
 * ``POST /v1/jobs/{id}/cancel`` -- ``{"job": summary}``
@@ -16,13 +20,18 @@ Endpoints (all JSON unless noted; errors are ``{"error": message}`` with 4xx):
 Every request is identified first (``frenzyd.api.identity``): on the unix socket by the kernel
 (``SO_PEERCRED``), over TCP by ``Authorization: Bearer <token>`` -- a user's own token, or the
 admin token ``data_dir/client.token`` (mode 0600, created at first start).  A request that
-cannot be identified gets 401.  The unix socket is created with mode 0660: who may connect at
+cannot be identified gets 401.  A job belongs to the user who submitted it (DESIGN.md §8): only
+its owner or an admin reads its record, output and results or cancels it (403 otherwise, saying
+why); jobs recorded before jobs had owners belong to the daemon's user.  ``/v1/status`` stays
+what the read-only status page shows anyone.  The unix socket is created with mode 0660: who may connect at
 all is whoever the file system lets in (the daemon's user and group).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -30,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from frenzyd.api.identity import (
     ADMIN_TOKEN_FILE,
@@ -41,9 +50,12 @@ from frenzyd.api.identity import (
     UserTokens,
     caller,
     load_or_create_admin_token,
+    user_name,
 )
 from frenzyd.errors import AuthError, ConfigError, FrenzyError, JobStateError
+from frenzyd.jobs.model import JobRecord
 from frenzyd.jobs.orchestrator import Orchestrator
+from frenzyd.jobs.submitter import ReceivedPayload
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +102,17 @@ async def _status(request: web.Request) -> web.Response:
 
 
 async def _whoami(request: web.Request) -> web.Response:
-    return web.json_response(caller(request).to_dict())
+    """The caller, and the daemon's payload cap (the client checks it before sending)."""
+    return web.json_response(caller(request).to_dict()
+                             | {"max_payload_bytes": request.app[_ORCH].submitter.max_payload_bytes})
 
 
 def _admin(request: web.Request, what: str) -> Caller:
     who = caller(request)
     if not who.admin:
         group = request.app[IDENTIFY].admin_group
-        raise web.HTTPForbidden(
-            text=json.dumps({"error": f"{what}: only an admin may (uid 0, the daemon's user, or a member of "
-                                      f"the group {group!r}); you are {who.user}"}),
-            content_type="application/json")
+        raise Refused(403, f"{what}: only an admin may (uid 0, the daemon's user, or a member of "
+                           f"the group {group!r}); you are {who.user}")
     return who
 
 
@@ -125,26 +137,131 @@ async def _revoke_token(request: web.Request) -> web.Response:
     return web.json_response({"user": user, "revoked": True})
 
 
+class Refused(web.HTTPException):
+    """An HTTP refusal with a JSON ``{"error": message}`` body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status_code = status
+        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def _owner_name(rec: JobRecord) -> str:
+    return rec.owner or user_name(os.geteuid())
+
+
+def _may_see(request: web.Request, rec: JobRecord) -> bool:
+    return caller(request).owns(rec.owner_uid, request.app[IDENTIFY].daemon_uid)
+
+
+def _check_owner(request: web.Request, job_id: str, what: str) -> JobRecord | None:
+    """The job's record (None: a job of another node, which only admins see); ``Refused`` 403
+    when the caller is neither its owner nor an admin.  Unknown jobs are left to the handler (404)."""
+    who = caller(request)
+    rec = request.app[_ORCH].store.find(job_id)
+    if rec is None:
+        if not who.admin and any(j["id"] == job_id for j in request.app[_ORCH].jobs_view()):
+            raise Refused(403, f"job {job_id} was submitted on another node: {what} it there "
+                               "(a job belongs to the user who submitted it, on that node)")
+        return None
+    if not _may_see(request, rec):
+        group = request.app[IDENTIFY].admin_group
+        raise Refused(403, f"job {job_id} belongs to {_owner_name(rec)}: only its owner or an admin "
+                           f"(root, the daemon's user, members of the group {group!r}) may {what} it; "
+                           f"you are {who.user}")
+    return rec
+
+
 async def _jobs(request: web.Request) -> web.Response:
-    return web.json_response({"jobs": request.app[_ORCH].jobs_view()})
+    """Every job this node knows for an admin; a user's own jobs of this node for anyone else."""
+    orch = request.app[_ORCH]
+    out = []
+    admin = caller(request).admin
+    for j in orch.jobs_view():
+        rec = orch.store.find(j["id"])
+        if rec is None and not admin:
+            continue
+        if rec is not None:
+            if not _may_see(request, rec):
+                continue
+            out.append({**j, "user": _owner_name(rec)})
+        else:
+            out.append(j)
+    return web.json_response({"jobs": out})
+
+
+NOT_A_PATH = ("the daemon does not read a path on a user's behalf: frenzy-client packs the job's directory "
+              "itself, as you, and sends the bytes (POST /v1/jobs as multipart/form-data: a 'spec' JSON "
+              "part, then a 'payload' part); upgrade frenzy-client")
 
 
 async def _submit(request: web.Request) -> web.Response:
+    """A job from the caller: multipart ``spec`` (JSON) then ``payload`` (the packed directory)."""
+    if request.content_type != "multipart/form-data":
+        return web.json_response({"error": NOT_A_PATH}, status=400)
+    who = caller(request)
+    orch = request.app[_ORCH]
+    reader = await request.multipart()
+    part = await reader.next()
+    if not isinstance(part, BodyPartReader) or part.name != "spec":
+        return web.json_response({"error": "the first part must be 'spec' (the job's JSON)"}, status=400)
+    raw = await _read_capped(part, MAX_REQUEST_BYTES, "the job's spec")
     try:
-        body = await request.json()
+        spec = json.loads(raw)
     except ValueError:
-        return web.json_response({"error": "request body is not JSON"}, status=400)
-    if not isinstance(body, dict):
-        return web.json_response({"error": "request body must be a JSON object"}, status=400)
-    rec = await request.app[_ORCH].submit(body)
-    return web.json_response({"job": rec.summary()}, status=201)
+        return web.json_response({"error": "the 'spec' part is not JSON"}, status=400)
+    if not isinstance(spec, dict):
+        return web.json_response({"error": "the 'spec' part must be a JSON object"}, status=400)
+    if "workdir" in spec:
+        return web.json_response({"error": NOT_A_PATH}, status=400)
+    part = await reader.next()
+    if not isinstance(part, BodyPartReader) or part.name != "payload":
+        return web.json_response({"error": "the second part must be 'payload' (the packed directory)"},
+                                 status=400)
+    path = await asyncio.to_thread(orch.store.incoming)
+    try:
+        payload = await _receive(part, path, orch.submitter.max_payload_bytes)
+        rec = await orch.submitter.submit(spec, payload=payload, owner=(who.user, who.uid))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # moved into the job when it was accepted
+    return web.json_response({"job": rec.summary() | {"user": _owner_name(rec)}}, status=201)
+
+
+async def _read_capped(part: BodyPartReader, cap: int, what: str) -> bytes:
+    buf = bytearray()
+    while chunk := await part.read_chunk(1 << 16):
+        buf += chunk
+        if len(buf) > cap:
+            raise Refused(413, f"{what} is over {cap} bytes")
+    return bytes(buf)
+
+
+async def _receive(part: BodyPartReader, path: Path, cap: int) -> ReceivedPayload:
+    """Stream the payload part into ``path`` (hashing it, refusing it past ``cap``)."""
+    sha, size, buf = hashlib.sha256(), 0, bytearray()
+    f = await asyncio.to_thread(path.open, "wb")
+    try:
+        while chunk := await part.read_chunk(1 << 20):
+            size += len(chunk)
+            if size > cap:
+                raise Refused(413, f"the payload is over this node's cap of {cap} bytes "
+                                   "([launcher] max_payload_bytes): ship a smaller directory")
+            sha.update(chunk)
+            buf += chunk
+            if len(buf) >= 8 << 20:
+                await asyncio.to_thread(f.write, bytes(buf))
+                buf.clear()
+        await asyncio.to_thread(f.write, bytes(buf))
+    finally:
+        await asyncio.to_thread(f.close)
+    return ReceivedPayload(path, size, sha.hexdigest())
 
 
 async def _job(request: web.Request) -> web.Response:
     orch, job_id = request.app[_ORCH], request.match_info["job_id"]
-    rec = orch.store.find(job_id)
+    rec = _check_owner(request, job_id, "read")
     if rec is not None:
-        return web.json_response({"job": rec.summary(), "record": rec.to_dict()})
+        return web.json_response({"job": rec.summary() | {"user": _owner_name(rec)}, "record": rec.to_dict()})
     for s in orch.jobs_view():
         if s["id"] == job_id:
             return web.json_response({"job": s})
@@ -154,6 +271,7 @@ async def _job(request: web.Request) -> web.Response:
 async def _events(request: web.Request) -> web.StreamResponse:
     orch, job_id = request.app[_ORCH], request.match_info["job_id"]
     follow = request.query.get("follow", "0") not in ("0", "", "false")
+    _check_owner(request, job_id, "read the output of")
     orch.store.get(job_id)  # 404 before the stream starts
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
@@ -180,12 +298,16 @@ async def _events(request: web.Request) -> web.StreamResponse:
 
 
 async def _cancel(request: web.Request) -> web.Response:
-    rec = await request.app[_ORCH].cancel(request.match_info["job_id"])
+    job_id = request.match_info["job_id"]
+    _check_owner(request, job_id, "cancel")
+    rec = await request.app[_ORCH].cancel(job_id)
     return web.json_response({"job": rec.summary()})
 
 
 async def _results(request: web.Request) -> web.Response:
-    data = request.app[_ORCH].store.results(request.match_info["job_id"])
+    job_id = request.match_info["job_id"]
+    _check_owner(request, job_id, "fetch the results of")
+    data = request.app[_ORCH].store.results(job_id)
     if data is None:
         return web.json_response({"error": "no result files (yet)"}, status=404)
     return web.Response(body=data, content_type="application/octet-stream")

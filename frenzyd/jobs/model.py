@@ -413,6 +413,12 @@ class JobRecord:
     late: dict[int, LateAttempt] = field(default_factory=dict)
     """Exit codes that arrived for earlier attempts after they were requeued (a rank host that was
     cut off or frozen near the end): attempt -> what is known of it (``lifecycle.LateExits``)."""
+    owner: str | None = None
+    """The local user of the submitting node who submitted the job (DESIGN §8: jobs belong to
+    (node, user)); None for a record from before jobs had owners, or a job submitted in-process:
+    it belongs to the daemon's own user."""
+    owner_uid: int | None = None
+    """That user's uid on the submitting node (None with ``owner``)."""
 
     @property
     def terminal(self) -> bool:
@@ -476,6 +482,8 @@ class JobRecord:
             "message": self.message,
             # only when there is news of an earlier attempt: records of every other job keep their bytes
             **({"late": {str(a): la.to_dict() for a, la in self.late.items()}} if self.late else {}),
+            # only when owned: a record without an owner keeps its bytes
+            **({"owner": {"user": self.owner, "uid": self.owner_uid}} if self.owner is not None else {}),
         }
 
     @classmethod
@@ -513,9 +521,20 @@ class JobRecord:
                 failed_rank=None if d.get("failed_rank") is None else int(d["failed_rank"]),
                 message=str(d.get("message") or ""),
                 late={int(a): LateAttempt.from_dict(la) for a, la in (d.get("late") or {}).items()},
+                **_owner(d.get("owner")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"job record: {exc!r}") from None
+
+
+def _owner(d: Any) -> dict[str, Any]:
+    """``owner``/``owner_uid`` of a record's optional ``{"user": NAME, "uid": UID}``."""
+    if d is None:
+        return {}
+    if not isinstance(d, Mapping) or not isinstance(d.get("user"), str) or not d["user"] \
+            or not isinstance(d.get("uid"), int) or isinstance(d.get("uid"), bool) or d["uid"] < 0:
+        raise WireError("job record: owner must be {\"user\": NAME, \"uid\": UID}")
+    return {"owner": d["user"], "owner_uid": d["uid"]}
 
 
 _PHASE_OF_STATE = {"queued": "waiting", "running": "running", "succeeded": "done", "failed": "done",
@@ -543,12 +562,15 @@ def migrate_record(d: Mapping[str, Any]) -> Mapping[str, Any]:
     return d
 
 
-def new_record(job_id: str, spec: JobSpec, submitter: str, submitter_name: str, now: float) -> JobRecord:
-    """A fresh queued record; raises ``ConfigError`` for a bad id or spec."""
+def new_record(job_id: str, spec: JobSpec, submitter: str, submitter_name: str, now: float,
+               *, owner: tuple[str, int] | None = None) -> JobRecord:
+    """A fresh queued record (``owner``: the submitting user's name and uid); raises
+    ``ConfigError`` for a bad id or spec."""
     if not valid_job_id(job_id):
         raise ConfigError(f"bad job id {job_id!r}: letters, digits, '.', '_' and '-' only")
     spec.validate()
-    return JobRecord(job_id, spec, submitter, submitter_name, created_at=now, updated_at=now)
+    return JobRecord(job_id, spec, submitter, submitter_name, created_at=now, updated_at=now,
+                     owner=None if owner is None else owner[0], owner_uid=None if owner is None else owner[1])
 
 
 class JobTable:

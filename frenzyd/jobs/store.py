@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -32,13 +33,20 @@ FOLLOW_QUEUE = 10_000
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` with ``data``: a crash leaves the old file or the new one, never half.
+    Each write has its own temporary file (0600), so two writers of one path (the event loop and
+    a thread) never replace each other's half-written file: the last one wins whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class JobStore:
@@ -55,6 +63,9 @@ class JobStore:
         self._load()
 
     def _load(self) -> None:
+        for left in self.root.glob(".incoming-*"):  # a payload half-received when the daemon stopped
+            with contextlib.suppress(OSError):
+                left.unlink()
         for d in sorted(self.root.iterdir()):
             f = d / "record.json"
             if not f.is_file():
@@ -110,13 +121,26 @@ class JobStore:
     def all(self) -> list[JobRecord]:
         return sorted(self._records.values(), key=lambda r: (r.created_at, r.id))
 
-    def create(self, rec: JobRecord, payload: bytes) -> None:
-        """Persist a new job and its payload."""
+    def create(self, rec: JobRecord, payload: bytes | Path) -> None:
+        """Persist a new job and its payload (bytes, or a file of this store's, ``incoming()``,
+        moved into place)."""
         d = self.dir(rec.id)
         d.mkdir(mode=0o700)
-        atomic_write(d / "payload.bin", payload)
+        if isinstance(payload, Path):
+            with open(payload, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(payload, d / "payload.bin")
+        else:
+            atomic_write(d / "payload.bin", payload)
         self._seq[rec.id] = 0
         self.save(rec)
+
+    def incoming(self) -> Path:
+        """A fresh private file (0600) beside the job directories for a payload being received;
+        ``create`` moves it into its job, the caller removes it otherwise."""
+        fd, name = tempfile.mkstemp(prefix=".incoming-", suffix=".bin", dir=self.root)
+        os.close(fd)
+        return Path(name)
 
     def save(self, rec: JobRecord) -> None:
         """Replace the job's record on disk and tell followers when its state changed."""

@@ -15,7 +15,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,16 @@ UNPLACEABLE_CHECK_S = 30.0
 """How often a waiting job is checked against what the pool has held (MARP is not free)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReceivedPayload:
+    """A job's packed directory as received from its submitting user: a file of the job store's
+    (``JobStore.incoming``), its size and sha256 hex."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
 class SubmitterRole:
     """Keeps the authoritative records of the jobs submitted on this node."""
 
@@ -174,18 +184,38 @@ class SubmitterRole:
         self._results_buf: dict[tuple[str, int], bytearray] = {}
         self._placing_seen: dict[tuple[str, int], float] = {}  # attempt in flight -> last sign of it
 
-    async def submit(self, request: Mapping[str, Any]) -> JobRecord:
-        """Pack ``request['workdir']``, persist a queued job and hand it to the coordinator.
+    async def submit(self, request: Mapping[str, Any], *, payload: ReceivedPayload | None = None,
+                     owner: tuple[str, int] | None = None) -> JobRecord:
+        """Persist a queued job owned by ``owner`` (user name, uid) and hand it to the coordinator.
 
-        ``request`` carries the JobSpec fields except payload hash/size and versions.
-        Raises ``ConfigError``/``LaunchError`` with a message for the user.
+        ``request`` carries the JobSpec fields except versions.  ``payload`` is the packed job
+        directory as the client sent it (a file from ``store.incoming()``, moved into the job);
+        its hash and size are the job's (a ``payload_sha256``/``payload_size`` in ``request`` must
+        match them).  Without ``payload``, ``request['workdir']`` is packed here with this
+        daemon's privileges: for in-process callers only (tests), never on a user's behalf --
+        the client API refuses ``workdir``.
+        Raises ``JobStateError``/``LaunchError`` with a message for the user.
         """
-        workdir = Path(str(request.get("workdir") or ""))
-        if not workdir.is_absolute() or not await asyncio.to_thread(workdir.is_dir):
-            raise JobStateError(f"job directory {workdir} is not an absolute path to a directory")
-        payload, sha = await asyncio.to_thread(self._pack_dir, workdir, self.max_payload_bytes)
         fields = {k: v for k, v in request.items() if k != "workdir"}
-        fields.update(payload_sha256=sha, payload_size=len(payload), python_version=self.versions.python,
+        data: bytes | Path
+        if payload is not None:
+            if "workdir" in request:
+                raise JobStateError("give the packed payload or a workdir, not both")
+            if payload.size > self.max_payload_bytes:
+                raise LaunchError(f"payload of {payload.size} bytes is over this node's cap of "
+                                  f"{self.max_payload_bytes} ([launcher] max_payload_bytes)")
+            for key, got in (("payload_sha256", payload.sha256), ("payload_size", payload.size)):
+                if fields.get(key) is not None and fields[key] != got:
+                    raise JobStateError(f"the payload received does not match its {key} ({fields[key]!r}, "
+                                        f"received {got!r}): it was cut short or altered; submit again")
+            data, sha, size = payload.path, payload.sha256, payload.size
+        else:
+            workdir = Path(str(request.get("workdir") or ""))
+            if not workdir.is_absolute() or not await asyncio.to_thread(workdir.is_dir):
+                raise JobStateError(f"job directory {workdir} is not an absolute path to a directory")
+            packed, sha = await asyncio.to_thread(self._pack_dir, workdir, self.max_payload_bytes)
+            data, size = packed, len(packed)
+        fields.update(payload_sha256=sha, payload_size=size, python_version=self.versions.python,
                       torch_version=self.versions.torch)
         try:
             spec = JobSpec.from_dict(fields)
@@ -194,9 +224,10 @@ class SubmitterRole:
         now = self.ctx.clock()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
         job_id = f"{slug(self.ctx.node_name)}-{stamp}-{secrets.token_hex(2)}"
-        rec = new_record(job_id, spec, self.ctx.node_id, self.ctx.node_name, now)
-        await asyncio.to_thread(self.store.create, rec, payload)
-        log.info("job %s queued (%s)", job_id, " ".join(spec.argv))
+        rec = new_record(job_id, spec, self.ctx.node_id, self.ctx.node_name, now, owner=owner)
+        await asyncio.to_thread(self.store.create, rec, data)
+        log.info("job %s queued for %s (%s)", job_id, owner[0] if owner else "the daemon's user",
+                 " ".join(spec.argv))
         self.ctx.wake()
         return rec
 

@@ -14,14 +14,17 @@ import aiohttp
 import pytest
 
 from frenzyd.api.client_api import ClientApi
+from frenzyd.config import config_from_dict
+from frenzyd.errors import ConfigError
+from frenzyd.jobs.orchestrator import Orchestrator
 
 from .orch_harness import Pool
 from .test_cli_jobs import status_of
 
 
 class Apis:
-    def __init__(self, unix: ClientApi, tcp: ClientApi, data_dir: Path) -> None:
-        self.unix, self.tcp_api, self.data_dir = unix, tcp, data_dir
+    def __init__(self, unix: ClientApi, tcp: ClientApi, data_dir: Path, orch: Orchestrator) -> None:
+        self.unix, self.tcp_api, self.data_dir, self.orch = unix, tcp, data_dir, orch
 
     async def unix_get(self, path: str) -> tuple[int, Any]:
         assert self.unix.path is not None
@@ -48,7 +51,7 @@ async def apis(tmp_path: Path) -> AsyncIterator[Apis]:
     await unix.start()
     await tcp.start()
     try:
-        yield Apis(unix, tcp, tmp_path / "a")
+        yield Apis(unix, tcp, tmp_path / "a", orch)
     finally:
         await unix.stop()
         await tcp.stop()
@@ -104,3 +107,94 @@ async def test_tcp_admin_token_and_per_user_tokens(apis: Apis) -> None:
     assert (await apis.tcp("GET", "/v1/whoami", again["token"]))[0] == 401
     assert json.loads(tokens.read_text())["users"] == {}
 
+
+def test_admin_group_key(tmp_path: Path) -> None:
+    raw: dict[str, Any] = {"node": {"name": "n", "data_dir": str(tmp_path)}, "pool": {"credentials": "c"},
+                           "network": {"mdns": False, "listen": "127.0.0.1:0"}}
+    assert config_from_dict(raw, {}, base=tmp_path).client.admin_group == "frenzy-admin"
+    raw["client"] = {"admin_group": "gpu-admins"}
+    assert config_from_dict(raw, {}, base=tmp_path).client.admin_group == "gpu-admins"
+    raw["client"] = {"admin_group": "-rf /"}
+    with pytest.raises(ConfigError, match="admin_group"):
+        config_from_dict(raw, {}, base=tmp_path)
+
+
+async def test_jobs_submitted_with_per_user_tokens_belong_to_their_user(apis: Apis, tmp_path: Path) -> None:
+    """Over TCP the token says who submits: 'nobody' owns its job; 'daemon' (another user) neither
+    lists, reads nor cancels it; the admin token does."""
+    from frenzy_client.daemon_client import DaemonClient
+
+    from .orch_harness import job_dir, request
+
+    admin = (apis.data_dir / "client.token").read_text().strip()
+    tok = {u: (await apis.tcp("POST", "/v1/tokens", admin, {"user": u}))[1]["token"]
+           for u in ("nobody", "daemon")}
+    d = job_dir(tmp_path, "import time\ntime.sleep(600)\n")
+    async with DaemonClient(apis.tcp_api.address, tok["nobody"]) as c:
+        job = await c.submit(request(d, nproc=1))  # packed here, sent as bytes
+    assert job["user"] == "nobody"
+    job_id = job["id"]
+    status, body = await apis.tcp("GET", "/v1/jobs", tok["nobody"])
+    assert [j["id"] for j in body["jobs"]] == [job_id]
+    status, body = await apis.tcp("GET", "/v1/jobs", tok["daemon"])
+    assert body["jobs"] == []
+    for method, path in (("GET", f"/v1/jobs/{job_id}"), ("GET", f"/v1/jobs/{job_id}/events"),
+                         ("GET", f"/v1/jobs/{job_id}/results"), ("POST", f"/v1/jobs/{job_id}/cancel")):
+        status, body = await apis.tcp(method, path, tok["daemon"])
+        assert status == 403, (path, body)
+        assert f"job {job_id} belongs to nobody" in body["error"]
+        assert "you are daemon" in body["error"]
+    status, body = await apis.tcp("GET", "/v1/jobs", admin)
+    assert {j["id"]: j["user"] for j in body["jobs"]} == {job_id: "nobody"}
+    status, body = await apis.tcp("POST", f"/v1/jobs/{job_id}/cancel", tok["nobody"])
+    assert status == 200, body
+    assert body["job"]["state"] == "cancelled"
+
+
+async def test_a_path_is_refused_and_the_payload_cap_holds_on_both_sides(apis: Apis, tmp_path: Path) -> None:
+    from frenzy_client.daemon_client import DaemonClient, pack_request
+    from frenzyd.errors import FrenzyError, LaunchError
+
+    from .orch_harness import job_dir, request
+
+    admin = (apis.data_dir / "client.token").read_text().strip()
+    d = job_dir(tmp_path)
+    status, body = await apis.tcp("POST", "/v1/jobs", admin, request(d, nproc=1))  # the old API: a path
+    assert status == 400
+    assert "the daemon does not read a path on a user's behalf" in body["error"]
+    assert (await apis.tcp("GET", "/v1/jobs", admin))[1]["jobs"] == []
+
+    (d / "big.bin").write_bytes(os.urandom(200_000))
+    with pytest.raises(LaunchError, match="holds more than 100000 bytes"):
+        pack_request(request(d, nproc=1), 100_000)  # the client refuses before sending
+    # A client that ignores the daemon's cap is refused by the daemon (413), and nothing is kept.
+    apis.orch.submitter.max_payload_bytes = 100_000
+
+    class Careless(DaemonClient):
+        async def whoami(self) -> dict[str, Any]:
+            return {"max_payload_bytes": 1 << 30}
+
+    async with Careless(apis.tcp_api.address, admin) as c:
+        with pytest.raises(FrenzyError, match="over this node's cap of 100000 bytes"):
+            await c.submit(request(d, nproc=1))
+    assert not list((apis.data_dir / "jobs").glob(".incoming-*"))
+    assert (await apis.tcp("GET", "/v1/jobs", admin))[1]["jobs"] == []
+
+
+def test_a_record_carries_its_owner_only_when_it_has_one() -> None:
+    from frenzyd.errors import WireError
+    from frenzyd.jobs.model import JobRecord, JobSpec, new_record
+
+    spec = JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=1, python_version="3.11.7",
+                   torch_version="2.13.0", nproc=1, mem_per_rank=1)
+    old = new_record("j-1", spec, "node", "n0", 1.0)
+    assert "owner" not in old.to_dict()  # a record from before owners keeps its bytes
+    assert JobRecord.from_dict(old.to_dict()).owner is None
+    mine = new_record("j-2", spec, "node", "n0", 1.0, owner=("alice", 1001))
+    assert mine.to_dict()["owner"] == {"user": "alice", "uid": 1001}
+    back = JobRecord.from_dict(json.loads(json.dumps(mine.to_dict())))
+    assert (back.owner, back.owner_uid) == ("alice", 1001)
+    for bad in ("alice", {"user": "alice"}, {"user": "", "uid": 1}, {"user": "a", "uid": -1},
+                {"user": "a", "uid": True}):
+        with pytest.raises(WireError, match="owner"):
+            JobRecord.from_dict(old.to_dict() | {"owner": bad})
