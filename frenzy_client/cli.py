@@ -16,6 +16,7 @@ _COMMAND_MODULES = (
     "frenzy_client.cmd_predict",
     "frenzy_client.cmd_simulate",
     "frenzy_client.cmd_pool",
+    "frenzy_client.cmd_doctor",
     "frenzy_client.cmd_jobs",
     "frenzy_client.cmd_owner",
 )

@@ -226,21 +226,30 @@ class Daemon:
             return build_status(node_id=self.node_id, node_name=self.creds.node_name, term=0,
                                 coordinator=None, peers=[], jobs=[])
         election = self.net.election
-        now = time.monotonic()
-        peers = [PeerState(self.node_id, self.creds.node_name, self.net.address, True, self._self_report())]
+        now, wall = time.monotonic(), time.time()
+        peers = [PeerState(self.node_id, self.creds.node_name, self.net.address, True, self._self_report(),
+                           clock_offset_s=0.0)]
         names = {self.node_id: self.creds.node_name}
         for rec in self.net.table.records():
             if rec.node_id == self.node_id:
                 continue
             names[rec.node_id] = rec.name
             alive = self.net.table.is_alive(rec.node_id, now)
-            peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, rec.report.to_dict()))
+            report = rec.report.to_dict()
+            their = report.get("time")
+            offset = None if not isinstance(their, int | float) or isinstance(their, bool) else \
+                float(their) - (wall - (now - rec.last_seen))
+            peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, report,
+                                   seen_by=self.net.book.sources(rec.node_id), clock_offset_s=offset))
         coord = election.coordinator
+        backend = self.inventory.backend if self.inventory is not None else None
         return build_status(
             node_id=self.node_id, node_name=self.creds.node_name, term=election.term,
             coordinator=None if coord is None else (coord, names.get(coord, coord[:12])),
             peers=peers, jobs=self.orch.jobs_view(self.view()),
-            other_versions=self.net.counters.other_versions,
+            other_versions=self.net.counters.other_versions, now=wall,
+            gpu_backend=None if backend is None else
+            {"kind": "declared" if backend.simulated else "nvml", "note": backend.note},
         )
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -406,7 +415,7 @@ class Daemon:
 
     def _report(self) -> dict[str, Any]:
         assert self.orch is not None
-        return self.orch.report()
+        return {**self.orch.report(), "time": time.time()}  # peers see our clock: doctor's skew check
 
     def _on_change(self, change: Change) -> None:
         with contextlib.suppress(OSError):

@@ -22,6 +22,11 @@ class PeerState:
     address: str
     alive: bool
     report: Mapping[str, Any]
+    seen_by: Sequence[str] = ()
+    """How this node learned the peer's addresses (``static``, ``mdns``, ``report``, ``reply``)."""
+    clock_offset_s: float | None = None
+    """The peer's clock minus ours when its last heartbeat arrived (its ``time`` against our wall
+    clock then; network delay included), None when it sends no ``time``."""
 
 
 def _gpu(g: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,20 +64,25 @@ def build_status(
     peers: Sequence[PeerState],
     jobs: Sequence[Mapping[str, Any]],
     other_versions: Mapping[str, int] | None = None,
+    now: float | None = None,
+    gpu_backend: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status JSON: ``node``, ``coordinator`` (id, name, term) or null, ``peers``, ``jobs``, and
     ``other_versions`` (members speaking another wire protocol version: upgrade them).
 
     A job's ``state`` keeps its five values; ``phase``, ``reason``, ``attempt`` and, for queued jobs,
     ``queue_position`` (1 = submitted first among the queued; HAS may start a later one first when
-    it fits better) carry the detail.
+    it fits better) carry the detail.  ``node.time`` is this node's wall clock (``now``) and
+    ``node.gpu_backend`` where its GPUs come from (``{"kind": "nvml"|"declared", "note"}``); each
+    peer carries ``seen_by`` and ``clock_offset_s`` (see :class:`PeerState`).
     """
     role = "coordinator" if coordinator is not None and coordinator[0] == node_id else "peer"
     queued = [j["id"] for j in sorted((j for j in jobs if j.get("state") == "queued"),
                                       key=lambda j: (_num(j.get("created_at")), j["id"]))]
     position = {job_id: i + 1 for i, job_id in enumerate(queued)}
     return {
-        "node": {"id": node_id, "name": node_name, "role": role, "term": term},
+        "node": {"id": node_id, "name": node_name, "role": role, "term": term, "time": now,
+                 "gpu_backend": dict(gpu_backend) if gpu_backend is not None else None},
         "coordinator": None if coordinator is None else
         {"id": coordinator[0], "name": coordinator[1], "term": term},
         "peers": [
@@ -83,6 +93,8 @@ def build_status(
                 "alive": p.alive,
                 "python": p.report.get("python"),
                 "torch": p.report.get("torch"),
+                "seen_by": list(p.seen_by),
+                "clock_offset_s": None if p.clock_offset_s is None else round(p.clock_offset_s, 3),
                 "gpus": [_gpu(g) for g in p.report.get("gpus") or () if isinstance(g, Mapping)],
             }
             for p in sorted(peers, key=lambda p: (p.id != node_id, p.name, p.id))

@@ -285,3 +285,40 @@ def _is_ipv4(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+async def browse(config: Config, seconds: float) -> list[tuple[str, dict[str, str]]]:
+    """Listen for ``seconds`` on the configured interfaces and return every Frenzy service that
+    answers: ``(address:port, hints)``, any pool (``frenzy-client doctor``: who multicast reaches).
+
+    A service whose TXT record is malformed is returned with ``{"error": why}`` as its hints.
+    Raises :class:`DiscoveryError` when the mDNS sockets cannot be opened.
+    """
+    ifaces = _interface_addresses(config)
+    try:
+        azc = AsyncZeroconf(interfaces=ifaces or InterfaceChoice.All, ip_version=IPVersion.V4Only)
+    except OSError as exc:
+        raise DiscoveryError(f"cannot open mDNS sockets on {ifaces or 'all interfaces'}: {exc}") from exc
+    names: set[str] = set()
+
+    def on_change(zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        names.add(name)
+
+    found: list[tuple[str, dict[str, str]]] = []
+    browser = AsyncServiceBrowser(azc.zeroconf, SERVICE_TYPE, handlers=[on_change])
+    try:
+        await asyncio.sleep(seconds)
+        for name in sorted(names):
+            info = AsyncServiceInfo(SERVICE_TYPE, name)
+            if not await info.async_request(azc.zeroconf, LOOKUP_TIMEOUT_MS):
+                continue
+            try:
+                hints = parse_hints(dict(info.properties or {}))
+            except ValueError as exc:
+                hints = {"error": str(exc)}
+            for a in info.parsed_addresses(IPVersion.V4Only):
+                found.append((f"{a}:{info.port}", hints))
+    finally:
+        await browser.async_cancel()
+        await azc.async_close()
+    return found

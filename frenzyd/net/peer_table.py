@@ -92,6 +92,8 @@ class _Addr:
     next_try: float = 0.0
     source: str = ""
     is_self: bool = False
+    seen_by: set[str] = field(default_factory=set)
+    """Every way this address was learned (``source`` is the first)."""
 
 
 @dataclass
@@ -106,12 +108,13 @@ class AddressBook:
     def add(self, address: str, source: str, *, pinned: bool = False) -> bool:
         """Remember ``address``; return False if it was known or the book is full."""
         if address in self._addrs:
+            self._addrs[address].seen_by.add(source)
             return False
         if len(self._addrs) >= MAX_ADDRESSES and not pinned:
             self._evict()
             if len(self._addrs) >= MAX_ADDRESSES:
                 return False
-        self._addrs[address] = _Addr(source=source)
+        self._addrs[address] = _Addr(source=source, seen_by={source})
         return True
 
     def _evict(self) -> None:
@@ -141,7 +144,7 @@ class AddressBook:
         return out
 
     def succeeded(self, address: str, node_id: str, *, is_self: bool = False) -> None:
-        st = self._addrs.setdefault(address, _Addr(source="reply"))
+        st = self._addrs.setdefault(address, _Addr(source="reply", seen_by={"reply"}))
         st.node_id, st.failures, st.next_try, st.is_self = node_id, 0, 0.0, is_self
 
     def failed(self, address: str, now: float) -> None:
@@ -150,6 +153,11 @@ class AddressBook:
             return
         st.failures += 1
         st.next_try = now + min(self.max_s, self.base_s * 2 ** min(st.failures - 1, 16))
+
+    def sources(self, node_id: str) -> list[str]:
+        """How this node learned the addresses where ``node_id`` answered (``static``, ``mdns``,
+        ``reply``...), sorted: what ``frenzy-client doctor`` compares to find a multicast gap."""
+        return sorted({src for s in self._addrs.values() if s.node_id == node_id for src in s.seen_by if src})
 
     def addresses(self) -> dict[str, str | None]:
         """address → node id that answered there (None if none yet)."""

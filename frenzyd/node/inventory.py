@@ -143,6 +143,9 @@ class GpuBackend(abc.ABC):
     """
 
     simulated: bool = False
+    note: str = ""
+    """Why this backend serves the node (set by :func:`open_backend`: NVML's GPUs and driver, or
+    the NVML failure and its fix); shown in the status JSON's ``node.gpu_backend`` and by doctor."""
 
     @abc.abstractmethod
     def snapshot(self) -> list[GpuInfo]:
@@ -482,19 +485,23 @@ def open_backend(
     except NvmlUnavailable as exc:
         log.log(logging.INFO if exc.expected else logging.WARNING,
                 "%s (offering %d declared simulated device(s))", exc, n)
+        declared.note = str(exc)
         return declared
     try:
         gpus = backend.snapshot()
     except InventoryError as exc:
         backend.close()
         log.warning("%s (offering %d declared simulated device(s))", exc, n)
+        declared.note = str(exc)
         return declared
     if gpus:
-        log.info("NVML: %d GPU(s), driver %s, CUDA %s", len(gpus), backend.driver_version,
-                 backend.cuda_driver_version)
+        backend.note = (f"NVML: {len(gpus)} GPU(s), driver {backend.driver_version}, "
+                        f"CUDA {backend.cuda_driver_version}")
+        log.info("%s", backend.note)
         return backend
     backend.close()
     log.info("NVML sees no GPU; offering %d declared simulated device(s)", n)
+    declared.note = "NVML sees no GPU"
     return declared
 
 
