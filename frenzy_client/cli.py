@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "frenzy_client.cmd_doctor",
     "frenzy_client.cmd_jobs",
     "frenzy_client.cmd_owner",
+    "frenzy_client.cmd_token",
 )
 
 EXIT_ERROR = 1

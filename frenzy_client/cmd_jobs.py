@@ -303,7 +303,6 @@ def _extract_results(data: bytes, dest: Path) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-
     req = build_request(args, Path.cwd())
     async with _client(args) as c:
         job = await c.submit(req)  # packs the job's directory here, as you

@@ -21,6 +21,8 @@ from frenzyd.jobs.orchestrator import Orchestrator
 from .orch_harness import Pool
 from .test_cli_jobs import status_of
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 class Apis:
     def __init__(self, unix: ClientApi, tcp: ClientApi, data_dir: Path, orch: Orchestrator) -> None:
@@ -198,3 +200,42 @@ def test_a_record_carries_its_owner_only_when_it_has_one() -> None:
                 {"user": "a", "uid": True}):
         with pytest.raises(WireError, match="owner"):
             JobRecord.from_dict(old.to_dict() | {"owner": bad})
+
+
+async def test_token_commands_and_the_users_own_token_file(apis: Apis, tmp_path: Path) -> None:
+    """'frenzy-client token issue USER' as an admin; the user's client finds ~/.config/frenzy/token."""
+    import asyncio
+    import sys
+
+    root = ROOT
+    admin_file = apis.data_dir / "client.token"
+
+    async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("FRENZY_", "XDG_"))}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "frenzy_client", args[0], "--daemon", apis.tcp_api.address, *args[1:],
+            env=e | {"PYTHONPATH": str(root)} | env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    home = tmp_path / "home"
+    rc, _, err = await cli("whoami", env={"HOME": str(home)})
+    assert rc == 1
+    assert "needs your API token" in err
+    assert str(home / ".config" / "frenzy" / "token") in err
+    rc, out, err = await cli("token", "issue", "nobody", "--token-file", str(admin_file), env={})
+    assert rc == 0, err
+    (home / ".config" / "frenzy").mkdir(parents=True)
+    (home / ".config" / "frenzy" / "token").write_text(out)
+    rc, out, err = await cli("whoami", "--json", env={"HOME": str(home)})
+    assert rc == 0, err
+    assert json.loads(out)["user"] == "nobody"
+    rc, _, err = await cli("token", "issue", "daemon", env={"HOME": str(home)})  # nobody is no admin
+    assert rc == 1
+    assert "only an admin may" in err
+    rc, out, err = await cli("token", "revoke", "nobody", "--token-file", str(admin_file), env={})
+    assert rc == 0, err
+    rc, _, err = await cli("whoami", env={"HOME": str(home)})
+    assert rc == 1
+    assert "wrong API token" in err
