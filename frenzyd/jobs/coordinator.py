@@ -385,8 +385,7 @@ class CoordinatorRole:
                 return
             if known.state == "running" and msg.vacated:
                 why = f"peer {peer[:12]} stopped while running ranks"
-                self.table.update(step(known, Requeue(msg.attempt, why, lost=not msg.preempted),
-                                       now=self.ctx.clock()))
+                self.table.update(step(known, Requeue(msg.attempt, why, lost=False), now=self.ctx.clock()))
                 self._unreserve(job_id)
                 others = [p for p in known.peers() if p != peer]
                 await self._stop_everywhere(known, self.ctx.view().term, only=others)

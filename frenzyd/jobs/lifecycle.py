@@ -40,7 +40,8 @@ Fail            queued                 failed                  the submitter (un
                                                                coordinator (cannot ever fit)
 ==============  =====================  ======================  ==================================
 
-A ``Requeue`` of a started attempt that says ``lost`` counts toward ``MAX_LOST``; past it the
+A ``Requeue`` of a started attempt that says ``lost`` (its ranks vanished with their peer) counts
+toward ``MAX_LOST``; past it the
 job fails instead.  Terminal states are final: no event changes a terminal record.
 
 ``LateExits`` is what keeps "never rerun after success" when the pool could not know: a rank host
@@ -62,7 +63,10 @@ __all__ = ["EVENTS", "MAX_LOST", "PHASES", "BeginAttempt", "Cancel", "Event", "E
            "Placed", "Requeue", "StaleAttempt", "Wait", "run_attempt", "step"]
 
 MAX_LOST: Final = 3
-"""Started attempts a job may lose (peer lost, owner reclaimed its GPU) before it is failed."""
+"""Started attempts a job may lose before it is failed: attempts whose ranks vanished with their peer
+(no exit report: a crash or a kill that may be the job's own doing).  Attempts a peer stopped and
+reported (owner reclaim, daemon shutdown, a lease its host could not renew, a preemption) say
+nothing about the job and are requeued with ``lost=False``."""
 
 Actor = Literal["user", "submitter", "coordinator", "rank_host"]
 

@@ -619,7 +619,8 @@ class SubmitterRole:
             if mine.state == "running" and msg.vacated:
                 why = msg.reason or "it stopped"
                 why = f"vacated by peer {peer[:12]}: {why}"
-                rec = step(mine, Requeue(msg.attempt, why), now=self.ctx.clock())
+                # A reported stop (owner, shutdown, an unrenewable lease) is not the job's doing.
+                rec = step(mine, Requeue(msg.attempt, why, lost=False), now=self.ctx.clock())
                 self.store.save(rec)
                 self._acked.pop(rec.id, None)
                 log.warning("job %s: %s; requeued", rec.id, rec.message)
