@@ -36,6 +36,7 @@ import gc
 import inspect
 import io
 import math
+import os
 import pstats
 import random
 import statistics
@@ -322,6 +323,7 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
         "started": started, "infeasible_reports": infeasible,
         "queue_changed_per_pass": changed / passes / queued_n,
         "distinct_shapes": len(world.jobs.shapes_seen),
+        "load_avg_1m": os.getloadavg()[0],  # wall times stretch on a loaded machine, CPU times much less
         "plan_cache": {"hits": stats.hits, "misses": stats.misses, "counts_computed": stats.counts_computed,
                        "job_shapes": stats.job_shapes} if cache and stats is not None else None,
     }
