@@ -35,9 +35,11 @@ STATUS: dict[str, Any] = {
         {"id": "job-0", "state": "succeeded", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": [],
          "created_at": 1000.0, "started_at": 1010.0, "updated_at": 1100.0},
         {"id": "job-1", "state": "running", "submitter": "cccc3333", "name": "my-run", "attempt": 2,
-         "phase": "running", "plan": {"gpu_type": "A100-80GB", "gpus": 1, "dp": 1,
+         "phase": "running", "plan": {"gpu_type": "A100-80GB", "gpus": 1, "dp": 1, "bytes_per_gpu": 20 * GIB,
                                       "step_time_s": 0.001560604356923077}, "ranks": [
-             {"rank": 0, "peer": "aaaa1111bbbb2222", "gpu": "SIM-ws-01-0"}]},
+             {"rank": 0, "peer": "aaaa1111bbbb2222", "gpu": "SIM-ws-01-0"}],
+         "owner": {"user": "alice", "uid": 1001}, "created_at": 1000.0, "started_at": 1010.0,
+         "progress": {"step": 30, "steps": 120, "loss": 2.5, "eta_s": 90.0}},
         {"id": "job-2", "state": "queued", "submitter": "aaaa1111bbbb2222", "plan": None, "ranks": [],
          "phase": "waiting", "queue_position": 1, "reason": "no GPU type in this pool fits it now"},
     ],
@@ -89,30 +91,72 @@ async def test_html_page_shows_peers_gpus_jobs_and_escapes(server: tuple[str, Bo
     code, ctype, page = await get(base + "/")
     assert code == 200
     assert ctype.startswith("text/html")
-    assert "Coordinator: <b>ws-01</b>" in page
-    assert "term 3" in page
-    assert "<script>" not in page
+    # summary
+    assert "<b>ws-01</b> <span class='dim'>term 3</span>" in page
+    assert "<b>2</b> live of 3" in page
+    assert "<b>1</b> free · 1 leased · 1 withheld" in page  # the dead peer's T4 is not counted
+    assert "<b>1</b> running · <b>1</b> queued" in page
+    # escaping: the only script is the page's own file
+    assert page.count("<script") == 1
+    assert "<script src='/static/status.js'></script>" in page
     assert "ws-02&lt;script&gt;" in page
-    assert "A100-80GB 80.0/80.0 GiB free, job <code>job-1</code>" in page
-    assert "(simulated)" in page
-    assert "2 alive of 3" in page
-    assert "<code>job-2</code></td><td>queued" in page
-    assert "#1 in the queue; no GPU type in this pool fits it now" in page
+    # GPUs: a leased GPU is the job's (its plan's bytes, then the rest of the lease), not "free"
+    assert "job <b>my-run</b>: 20.0 of 80.0 GiB" in page
+    assert "<span class='seg job w25'></span><span class='seg lease w75'></span>" in page
+    assert "80.0 of 80.0 GiB free" in page  # SIM-ws-01-1, not leased
+    assert "<span class='bad'>withheld</span>: not offered" in page  # offered: false, no reason given
+    assert "<span class='seg other w17'></span><span class='seg free w83'></span>" in page  # 4 of 24 GiB used
+    assert "<span class='tag real'>real</span>" in page
+    assert "<span class='tag sim'>sim</span>" in page
+    assert "<span class='tag coord'>coordinator</span>" in page
+    for key in ("job's memory (its plan)", "rest of a leased GPU", "used outside Frenzy", "free"):
+        assert key in page
+    # jobs: running first, then queued, then finished; shape, user, progress, position and reason
+    assert page.index("data-job='job-1'") < page.index("data-job='job-2'") < page.index("data-job='job-0'")
     assert "<b>my-run</b>" in page
-    assert "0@ws-01:SIM-ws-01-0" in page
-    assert "1 × A100-80GB: dp 1, tp 1, pp 1, ZeRO-0" in page
-    assert "step_time_s=0.00156<" in page  # not 0.001560604356923077
-    # running first, then queued, then finished
-    assert page.index("job-1</code>") < page.index("job-2</code>") < page.index("job-0</code>")
+    assert "<td>alice</td>" in page
+    assert "1×A100-80GB dp1<br><span class='dim'>20.0 GiB per GPU</span>" in page
+    progress = ("<span class='seg job w25'></span></span>step 30/120"
+                "<span class='dim'> · loss 2.5 · 1m 30s left")
+    assert progress in page
+    assert "attempt 2" in page
+    assert "ranks on ws-01:0" in page
+    assert "<b>#1</b> in the queue: no GPU type in this pool fits it now" in page
+    assert "step_time_s" not in page  # no raw floats
     assert "1m 30s" in page  # job-0 ran from 1010 to 1100
 
 
-async def test_page_forbids_everything_but_its_own_style(server: tuple[str, Box, MetricsRegistry]) -> None:
+async def test_live_part_and_static_files(server: tuple[str, Box, MetricsRegistry]) -> None:
+    base, box, _ = server
+    code, ctype, live = await get(base + "/live")
+    assert code == 200
+    assert ctype.startswith("text/html")
+    assert "<html" not in live
+    assert "id='summary'" in live
+    next(j for j in box.status["jobs"] if j["id"] == "job-2")["state"] = "running"
+    _, _, live = await get(base + "/live")
+    assert "<b>2</b> running · <b>0</b> queued" in live
+    code, ctype, js = await get(base + "/static/status.js")
+    assert code == 200
+    assert ctype.startswith("text/javascript")
+    assert 'fetch("/live"' in js
+    code, ctype, css = await get(base + "/static/status.css")
+    assert ctype.startswith("text/css")
+    assert ".w0{width:0%}" in css
+    assert ".w100{width:100%}" in css
+
+
+async def test_page_allows_only_its_own_files(server: tuple[str, Box, MetricsRegistry]) -> None:
     base, _, _ = server
     async with aiohttp.ClientSession() as s, s.get(base + "/") as resp:
         csp = resp.headers["Content-Security-Policy"]
+        page = await resp.text()
     assert "default-src 'none'" in csp
-    assert "script-src" not in csp  # no script may run
+    assert "script-src 'self'" in csp
+    assert "style-src 'self'" in csp
+    assert "unsafe" not in csp
+    assert " style=" not in page  # no inline style attribute either
+    assert "<style" not in page
 
 
 async def test_page_without_coordinator(server: tuple[str, Box, MetricsRegistry]) -> None:
@@ -120,7 +164,8 @@ async def test_page_without_coordinator(server: tuple[str, Box, MetricsRegistry]
     box.status = {"node": {"id": "x", "name": "lonely", "role": "peer", "term": 0}, "coordinator": None,
                   "peers": [], "jobs": []}
     _, _, page = await get(base + "/")
-    assert "Coordinator: <b>none yet</b>" in page
+    assert "<b class='bad'>none yet</b>" in page
+    assert "no jobs yet" in page
 
 
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
