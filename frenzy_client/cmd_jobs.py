@@ -108,6 +108,11 @@ def register(sub: Any) -> None:
                         "0: only when stopped)")
     p.add_argument("--seed", type=int, help=f"initialisation and data-order seed, --data only "
                    f"(default {DEFAULTS['seed']})")
+    p.add_argument("--stand-in", action="store_true",
+                   help="--data only: on simulated GPUs, train a small stand-in of the model whose "
+                        "every step takes MARP's step time for the model on the placed plan (at least "
+                        "0.5 s), and fail with a simulated out-of-memory error when the plan does not fit "
+                        "the device; real GPUs train the model itself")
     p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page "
                    "(default: the script's or the model's name)")
     p.add_argument("--detach", action="store_true",

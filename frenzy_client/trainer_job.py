@@ -31,6 +31,7 @@ def check_usage(args: Any, command: list[str]) -> None:
     """Flags that do not go together; ``UsageError`` with what to change."""
     if args.data is None:
         given = [f"--{k.replace('_', '-')}" for k in TRAINER_OPTIONS if getattr(args, k) is not None]
+        given += ["--stand-in"] if getattr(args, "stand_in", False) else []
         if given:
             raise UsageError(f"{', '.join(given)} only apply to the built-in trainer: add --data PATH "
                              "(and drop the script), or set them in your script")
@@ -100,6 +101,8 @@ def build_trainer_request(args: Any, cwd: Path, max_data_bytes: int) -> dict[str
         steps=args.steps, dtype=args.dtype, optimizer=args.optimizer, recompute=args.recompute,
         **{k: getattr(args, k) for k in TRAINER_OPTIONS},
     )
+    if getattr(args, "stand_in", False):
+        req["stand_in"] = True
     req["data_file"] = str(data)
     return req
 

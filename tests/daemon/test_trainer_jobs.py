@@ -165,6 +165,8 @@ async def test_refusals_before_submission(env: Env) -> None:
          "needs --global-batch, --steps"),
         (("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--lr", "0.1", "--", "train.py"),
          "--lr only apply to the built-in trainer"),
+        (("run", "--nproc", "1", "--mem-per-rank", "1GiB", "--stand-in", "--", "train.py"),
+         "--stand-in only apply to the built-in trainer"),
         (("run", "--model", "no-such-model", "--data", "corpus.txt", "--seq-len", "16", "--global-batch", "8",
           "--steps", "3"), "unknown preset"),
         (("run", "--model", "tiny-llama", "--data", "missing.txt", "--seq-len", "16", "--global-batch", "8",

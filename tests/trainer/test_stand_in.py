@@ -57,3 +57,19 @@ def test_a_plan_over_the_simulated_devices_memory_is_an_out_of_memory_error(tmp_
     env = RunEnv()
     with pytest.raises(torch.OutOfMemoryError, match=r"llama-2-70b on this plan needs 90\.00 GiB"):
         train(plan, env)
+
+
+def test_the_client_asks_for_a_stand_in_with_stand_in(tmp_path: Path) -> None:
+    from frenzy_client.cli import build_parser
+    from frenzy_client.trainer_job import build_trainer_request
+    from frenzyd.trainer.corpus import write_corpus
+
+    write_corpus(tmp_path / "corpus.txt", 8 << 10)
+    argv = ["run", "--model", "gpt2-medium", "--data", "corpus.txt", "--seq-len", "16", "--global-batch", "8",
+            "--steps", "3"]
+    plain = build_trainer_request(build_parser().parse_args(argv), tmp_path, 1 << 30)
+    paced = build_trainer_request(build_parser().parse_args([*argv, "--stand-in"]), tmp_path, 1 << 30)
+    assert "stand_in" not in plain
+    assert paced["stand_in"] is True
+    assert JobSpec.from_dict({**{k: v for k, v in paced.items() if k != "data_file"}, "payload_sha256": "0" * 64,
+                              "payload_size": 1, "python_version": "3.11.7", "torch_version": "2.13.0"}).stand_in
