@@ -71,5 +71,6 @@ def test_the_client_asks_for_a_stand_in_with_stand_in(tmp_path: Path) -> None:
     paced = build_trainer_request(build_parser().parse_args([*argv, "--stand-in"]), tmp_path, 1 << 30)
     assert "stand_in" not in plain
     assert paced["stand_in"] is True
-    assert JobSpec.from_dict({**{k: v for k, v in paced.items() if k != "data_file"}, "payload_sha256": "0" * 64,
-                              "payload_size": 1, "python_version": "3.11.7", "torch_version": "2.13.0"}).stand_in
+    sent = {k: v for k, v in paced.items() if k != "data_file"}
+    versions = {"python_version": "3.11.7", "torch_version": "2.13.0"}
+    assert JobSpec.from_dict({**sent, **versions, "payload_sha256": "0" * 64, "payload_size": 1}).stand_in
