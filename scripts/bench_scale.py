@@ -206,6 +206,22 @@ def _policy_kwargs() -> dict[str, Any]:
     return {"policy": FrenzyPolicy()}
 
 
+LIVE_HAS = "running" in inspect.signature(schedule).parameters
+"""The coordinator gives HAS its running checkpointable (trainer) jobs (issue 8's live scheduling):
+the harness does too, where this checkout's ``schedule`` takes them."""
+
+
+@dataclass
+class Run:
+    """A running job: its GPUs, the passes it still runs, and what the coordinator tells HAS of it."""
+
+    uuids: list[str]
+    left: int
+    spec: JobSpec | None = None
+    info: Any = None
+    """Its ``RunningInfo`` when HAS may move it (a trainer job), else None."""
+
+
 @dataclass
 class World:
     """One cell's pool and queue, moved on after each pass as the coordinator's decisions and the
@@ -217,68 +233,130 @@ class World:
     rng: random.Random
     now: float
     by_uuid: dict[str, dict[str, Any]] = field(default_factory=dict)
-    running: dict[str, tuple[list[str], int]] = field(default_factory=dict)
-    """Running job -> (its GPUs' uuids, passes it still runs)."""
+    running: dict[str, Run] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+    """``schedule``'s ``policy=`` (one HAS object for the run, as the coordinator keeps one per term)."""
 
     @classmethod
     def make(cls, members_n: int, queued_n: int, *, gpus: int, busy: float, shapes: int, novel: float,
              seed: int) -> World:
+        """A pool whose GPUs are ``busy`` leased: to jobs the real pass placed where the checkout's
+        coordinator gives HAS running jobs (so trainer jobs among them are HAS's to move), else to
+        4-GPU script jobs."""
         rng = random.Random(seed * 1_000_003 + members_n * 1009 + queued_n)
         members = make_members(members_n, gpus, rng)
         jobs = Jobs(random.Random(rng.getrandbits(32)), [random_shape(rng) for _ in range(shapes)], novel)
         now = 1_000_000.0
-        queue = [jobs.new(now - rng.uniform(0, 3600)) for _ in range(queued_n)]
-        w = cls(members, jobs, queue, rng, now, {g["uuid"]: g for m in members for g in m.report["gpus"]})
-        free = [u for u, g in w.by_uuid.items() if g["offered"]]
+        w = cls(members, jobs, [], rng, now, {g["uuid"]: g for m in members for g in m.report["gpus"]},
+                policy=_policy_kwargs())
+        offered = sum(1 for g in w.by_uuid.values() if g["offered"])
+        if LIVE_HAS:
+            w.fill(int(busy * offered))
+        free = [u for u, g in w.by_uuid.items() if g["offered"] and g["leased_to"] is None]
         rng.shuffle(free)
-        for k in range(int(busy * len(free)) // 4):  # the pool starts busy: 4-GPU jobs running
-            w.lease(f"pre-{k}", free[4 * k: 4 * k + 4])
+        for k in range(max(0, int(busy * offered) - w.busy()) // 4):  # the rest: 4-GPU script jobs
+            w.start(f"pre-{k}", free[4 * k: 4 * k + 4], None, None)
+        jobs.shapes_seen.clear()  # the fill's jobs are not the queue's
+        w.queue = [jobs.new(now - rng.uniform(0, 3600)) for _ in range(queued_n)]
         return w
+
+    def fill(self, target: int) -> None:
+        """Place batches of jobs with the real pass until ``target`` GPUs are leased (started at
+        random in the last two hours, so some ran long enough for HAS to move them)."""
+        idle = 0
+        while self.busy() < target and idle < 3:
+            batch = [self.jobs.new(self.now - self.rng.uniform(0, 7200)) for _ in range(64)]
+            sched = schedule(batch, offers_from_reports(self.peers()), now_s=self.now, **self.policy)
+            specs = {q.job_id: (q.spec, q.arrival_s) for q in batch}
+            for job_id, pl in sched.start:
+                if self.busy() + len(pl.ranks) > target:
+                    continue  # the pool is as busy as asked: these arrived later
+                spec, started = specs[job_id]
+                self.start(job_id, [r.gpu for r in pl.ranks], spec, pl, started_s=started)
+            idle = 0 if sched.start else idle + 1
+            if sched.start and all(self.busy() + len(pl.ranks) > target for _, pl in sched.start):
+                break
+
+    def busy(self) -> int:
+        return sum(1 for g in self.by_uuid.values() if g["leased_to"] is not None)
 
     def peers(self) -> dict[str, dict[str, Any]]:
         """What ``ClusterView.peers`` holds: node id -> its latest heartbeat report."""
         return {m.node_id: m.report for m in self.members}
 
-    def lease(self, job_id: str, uuids: list[str]) -> None:
+    def movable(self) -> list[Any]:
+        """``schedule``'s ``running=``: the running trainer jobs, as ``CoordinatorRole._running_info``."""
+        return [r.info for r in self.running.values() if r.info is not None]
+
+    def start(self, job_id: str, uuids: list[str], spec: JobSpec | None, pl: Any, *,
+              started_s: float | None = None) -> None:
         for u in uuids:
             self.by_uuid[u] |= {"leased_to": job_id, "free_bytes": 0}
-        self.running[job_id] = (uuids, self.rng.randint(1, 40))
+        info = None
+        if LIVE_HAS and spec is not None and spec.trainer and pl is not None:
+            from frenzyd.jobs.placement import RunningInfo
 
-    def advance(self, started: Sequence[tuple[str, Any]], churn: float) -> int:
-        """Started jobs take their GPUs, running jobs finish, the queue turns over (at least ``churn`` of
-        it replaced); returns how many queued jobs left."""
-        for job_id, pl in started:
-            self.lease(job_id, [r.gpu for r in pl.ranks])
-        for job_id, (held, left) in list(self.running.items()):
-            if left <= 1:
-                for u in held:
-                    self.by_uuid[u]["leased_to"] = None
-                del self.running[job_id]
+            info = RunningInfo(job_id, spec, pl.plan, tuple((r.peer, r.gpu_index) for r in pl.ranks),
+                               self.now if started_s is None else started_s)
+        self.running[job_id] = Run(uuids, self.rng.randint(1, 40), spec, info)
+
+    def stop(self, job_id: str) -> Run | None:
+        run = self.running.pop(job_id, None)
+        for u in run.uuids if run is not None else ():
+            g = self.by_uuid[u]
+            if g["leased_to"] == job_id:
+                g["leased_to"] = None
+        return run
+
+    def advance(self, sched: Any, churn: float) -> int:
+        """The pass's decisions carried out (preempted jobs stop and are queued again, placements
+        start, HAS's moves of running jobs included), running jobs finish, the queue turns over (at
+        least ``churn`` of it replaced); returns how many queued jobs left."""
+        specs = {q.job_id: q.spec for q in self.queue}
+        requeued: dict[str, JobSpec] = {}
+        for job_id, _ in getattr(sched, "preempt", ()):
+            run = self.stop(job_id)
+            if run is not None and run.spec is not None:
+                requeued[job_id] = run.spec
+        started: set[str] = set()
+        for job_id, pl in (*sched.start, *getattr(sched, "pending", ())):
+            spec = specs.get(job_id) or requeued.pop(job_id, None)
+            if spec is None:
+                continue  # a move of a job that did not stop: the coordinator would not make it either
+            self.stop(job_id)
+            self.start(job_id, [r.gpu for r in pl.ranks], spec, pl)
+            started.add(job_id)
+        for job_id, run in list(self.running.items()):
+            if run.left <= 1:
+                self.stop(job_id)
             else:
-                self.running[job_id] = (held, left - 1)
+                run.left -= 1
         size = len(self.queue)
-        ids = {j for j, _ in started}
-        self.queue = [q for q in self.queue if q.job_id not in ids]
+        self.queue = [q for q in self.queue if q.job_id not in started]
         need = max(1, math.ceil(churn * size)) - (size - len(self.queue))
         for _ in range(max(0, min(need, len(self.queue)))):  # withdrawn (cancelled, or given up)
             self.queue.pop(self.rng.randrange(len(self.queue)))
         left = size - len(self.queue)
         self.now += 5.0
-        self.queue += [self.jobs.new(self.now) for _ in range(left)]
+        self.queue += [QueuedJob(j, spec, self.now) for j, spec in requeued.items()]
+        self.queue += [self.jobs.new(self.now) for _ in range(max(0, size - len(self.queue)))]
         jitter(self.members, self.rng)
         return left
 
 
 def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: float, busy: float,
              shapes: int, novel: float, seed: int, cache: bool, profile: bool) -> dict[str, Any]:
-    """``passes`` coordinator passes over one world, on a fresh plan cache (or none)."""
-    world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
+    """``passes`` coordinator passes over one world, on a fresh plan cache (or none); the world is
+    filled on a throwaway cache first."""
     if plan_cache is None:  # the coordinator before the plan cache
         if cache:
             raise SystemExit("this checkout has no frenzyd.marp.plan_cache: run it with --no-cache")
+        world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
         return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
-    previous = plan_cache.set_default_cache(plan_cache.PlanCache() if cache else plan_cache.PlanCache(0))
+    previous = plan_cache.set_default_cache(plan_cache.PlanCache())
     try:
+        world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
+        plan_cache.set_default_cache(plan_cache.PlanCache() if cache else plan_cache.PlanCache(0))
         return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
     finally:
         plan_cache.set_default_cache(previous)
@@ -287,10 +365,12 @@ def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: fl
 def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool, profile: bool,
          gpus: int) -> dict[str, Any]:
     members_n = len(world.members)
-    kwargs = _policy_kwargs()
+    kwargs = dict(world.policy)
     times: list[float] = []
     cpu: list[float] = []
-    started = changed = infeasible = 0
+    started = changed = infeasible = preempted = 0
+    movable: list[int] = []
+    busy = world.busy()
     prof = cProfile.Profile() if profile else None
     for i in range(passes):
         peers = world.peers()
@@ -298,21 +378,24 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
         gc.collect()
         if prof is not None and i > 0:
             prof.enable()
+        running = {"running": world.movable()} if LIVE_HAS else {}
+        movable.append(len(running.get("running", ())))
         t0, c0 = time.perf_counter(), time.thread_time()
         offers = offers_from_reports(peers, reserved)
-        sched = schedule(world.queue, offers, now_s=world.now, **kwargs)
+        sched = schedule(world.queue, offers, now_s=world.now, **kwargs, **running)
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
         if prof is not None:
             prof.disable()
         infeasible += len(sched.infeasible)
         started += len(sched.start)
-        changed += world.advance(sched.start, churn)
+        preempted += len(getattr(sched, "preempt", ()))
+        changed += world.advance(sched, churn)
     stats = plan_cache.default_cache().stats() if plan_cache is not None else None
     warm, warm_cpu = sorted(times[1:]), sorted(cpu[1:])
     out: dict[str, Any] = {
         "members": members_n, "gpus": members_n * gpus, "queued": queued_n, "passes": passes,
-        "cache": cache, "cold_s": times[0],
+        "cache": cache, "cold_s": times[0], "cold_cpu_s": cpu[0],
         "median_s": statistics.median(warm) if warm else None,
         "p95_s": _p95(warm) if warm else None,
         "max_s": warm[-1] if warm else None,
@@ -320,7 +403,9 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
         "cpu_p95_s": _p95(warm_cpu) if warm_cpu else None,
         "pass_s": times,
         "pass_cpu_s": cpu,
-        "started": started, "infeasible_reports": infeasible,
+        "started": started, "infeasible_reports": infeasible, "preempted": preempted,
+        "running_given_to_has": {"min": min(movable), "max": max(movable)} if movable else None,
+        "busy_gpus_at_start": busy,
         "queue_changed_per_pass": changed / passes / queued_n,
         "distinct_shapes": len(world.jobs.shapes_seen),
         "load_avg_1m": os.getloadavg()[0],  # wall times stretch on a loaded machine, CPU times much less

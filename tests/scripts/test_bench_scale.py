@@ -54,22 +54,34 @@ def test_no_cache_runs_the_uncached_enumeration() -> None:
 
 
 def test_the_world_reports_as_members_do_and_moves_on() -> None:
-    w = bs.World.make(30, 20, gpus=4, busy=0.5, shapes=6, novel=0.1, seed=3)
+    w = bs.World.make(30, 20, gpus=4, busy=0.5, shapes=6, novel=0.1, seed=5)  # its catalogue has trainer jobs
     offers = offers_from_reports(w.peers())
     assert len(offers) == 30
     assert sum(len(o.gpus) for o in offers) == 120
     busy = sum(1 for o in offers for g in o.gpus if not g.available)
     assert 0.4 * 120 <= busy <= 0.7 * 120  # half leased at the start, a few withheld by their owners
-    sched = schedule(w.queue, offers, now_s=w.now)
+    # The fill placed real jobs: the trainer jobs among them are HAS's to move, as the coordinator's.
+    movable = w.movable()
+    assert movable
+    gpus = {(o.node_id, g.index): g for o in offers for g in o.gpus}
+    for info in movable:
+        assert info.spec.trainer
+        assert all(gpus[key].uuid in w.running[info.job_id].uuids for key in info.gpus)
+        assert not any(gpus[key].available for key in info.gpus)
+    sched = schedule(w.queue, offers, now_s=w.now, running=movable, **w.policy)
     assert sched.start
     ids = {q.job_id for q in w.queue}
-    left = w.advance(sched.start, churn=0.05)
-    assert left == max(1, len(sched.start))  # started jobs leave; at least 5 % of 20 is replaced
-    assert len(w.queue) == 20
-    assert not {j for j, _ in sched.start} & {q.job_id for q in w.queue}
+    placed = [(j, pl) for j, pl in (*sched.start, *sched.pending) if j in ids]
+    preempted = {j for j, _ in sched.preempt}
+    left = w.advance(sched, churn=0.05)
+    assert left == max(1, len(placed))  # placed jobs leave; at least 5 % of 20 is replaced
+    assert len(w.queue) >= 20  # preempted jobs come back on top
+    assert not {j for j, _ in placed} & {q.job_id for q in w.queue}
     assert len(ids - {q.job_id for q in w.queue}) == left
-    for job, pl in sched.start:
+    for job, pl in placed:
         assert all(w.by_uuid[r.gpu]["leased_to"] in (job, None) for r in pl.ranks)  # None: it finished
+    for job in preempted - {j for j, _ in sched.pending}:
+        assert job not in w.running
 
 
 def test_bad_arguments_are_refused() -> None:
