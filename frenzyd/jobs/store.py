@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -56,6 +57,7 @@ class JobStore:
         self.root = data_dir / "jobs"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._records: dict[str, JobRecord] = {}
+        self._save_lock = threading.Lock()
         self._seq: dict[str, int] = {}
         self._followers: dict[str, set[asyncio.Queue[dict[str, Any] | None]]] = {}
         self.quarantined = 0
@@ -144,9 +146,10 @@ class JobStore:
 
     def save(self, rec: JobRecord) -> None:
         """Replace the job's record on disk and tell followers when its state changed."""
-        old = self._records.get(rec.id)
-        self._records[rec.id] = rec
-        atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
+        with self._save_lock:  # a save from a thread (on_attempt) and one from the loop: memory and
+            old = self._records.get(rec.id)  # disk end with the same record, the later one
+            self._records[rec.id] = rec
+            atomic_write(self.dir(rec.id) / "record.json", json.dumps(rec.to_dict(), indent=1).encode())
         if old is None or (old.state, old.phase, old.attempt, old.ranks, old.message) != (
                 rec.state, rec.phase, rec.attempt, rec.ranks, rec.message):
             self._publish(rec.id, {"type": "state", "job": rec.summary()})
