@@ -79,6 +79,12 @@ class NodeConf:
     peer_timeout_s: float = 2.0
     lease_timeout_s: float = 30.0
     rendezvous_ports: tuple[int, int] = (29400, 29499)
+    term_grace_s: float = 2.0
+    """``[launcher] term_grace_s``: SIGTERM to SIGKILL (a trainer's checkpoint must fit in it)."""
+    shutdown_deadline_s: float | None = None
+    """``[timing] shutdown_deadline_s`` (None: the default; at least ``term_grace_s`` + 5)."""
+    extra_toml: str = ""
+    """More tables appended to the config as they are (e.g. ``[jobs]``)."""
 
     @property
     def data_dir(self) -> Path:
@@ -107,12 +113,15 @@ class NodeConf:
             "[client]", f"listen = {json.dumps('unix:' + str(self.socket))}", "",
             "[web]", f"listen = {json.dumps(self.web)}", "",
             "[timing]", f"heartbeat_s = {self.heartbeat_s}", f"peer_timeout_s = {self.peer_timeout_s}",
-            f"lease_timeout_s = {self.lease_timeout_s}", "",
+            f"lease_timeout_s = {self.lease_timeout_s}",
+            *([f"shutdown_deadline_s = {self.shutdown_deadline_s}"] if self.shutdown_deadline_s else []), "",
             "[launcher]", f"rendezvous_ports = [{self.rendezvous_ports[0]}, {self.rendezvous_ports[1]}]",
-            "term_grace_s = 2.0", "",
+            f"term_grace_s = {self.term_grace_s}", "",
         ]
         for gtype, count in self.devices:
             lines += ["[[devices]]", f"type = {json.dumps(gtype)}", f"count = {count}", ""]
+        if self.extra_toml:
+            lines.append(self.extra_toml)
         self.config_path.write_text("\n".join(lines))
         return self.config_path
 

@@ -29,9 +29,20 @@ GPUs, a shrink or growth included).  With ``P`` parameters, two modes:
 Both modes add the **restart and load** of every placement
 (``has.speed.JobSpeed.restart_cost_s``: 30 s start-up plus reading the
 checkpoint at 1 GB/s).  The periodic checkpoints' own overhead while
-running (≤ 3.5 %) is the same for every policy and is not modelled.  The
-live-scheduling issue is to set these parameters from measurements;
-:class:`PreemptionModel` takes them.
+running (≤ 3.5 %) is the same for every policy and is not modelled.
+
+**Calibrated to a live pool** (``finish_step=True`` and ``start_s`` set;
+issue 14, ``scripts/bench_live.py``): what the live built-in trainer does
+instead.  A stopped job finishes the step in flight (nothing is lost) and
+then writes its checkpoint, exits and is reported; its GPUs are free only
+after that (the step's remainder plus ``handover_s``), and both the job's
+own next start and any job placed on those GPUs wait for it.  Every
+placement costs ``start_s`` (the coordinator's placement, process start,
+rendezvous, model build), a resumed one ``load_s`` more (fetching and
+loading the checkpoint), and a job is done ``finish_s`` after its last step
+(final evaluation, export, exit report), its GPUs held until then.
+:data:`LOOPBACK_STAND_IN` holds the figures measured on this project's
+2-core machine.
 """
 
 from __future__ import annotations
@@ -61,12 +72,35 @@ class PreemptionModel:
     save_on_stop: bool = True
     interval_s: float | None = None
     charge: bool = True
+    start_s: float | None = None
+    """Seconds from a placement to the first step (None: ``has.speed``'s ``restart_cost_s``)."""
+    load_s: float = 0.0
+    """What a placement that resumes from a checkpoint adds to ``start_s`` (fetch and load)."""
+    finish_s: float = 0.0
+    """Seconds from a job's last step until it is done (its GPUs held meanwhile)."""
+    handover_s: float = 0.0
+    """With ``finish_step``: seconds from a stopped job's last step until its GPUs are free."""
+    finish_step: bool = False
+    """A stop lets the step in flight finish (the live trainer) instead of losing it."""
 
     def __post_init__(self) -> None:
         if self.write_bytes_s <= 0:
             raise ValueError("write_bytes_s must be positive bytes per second")
         if self.interval_s is not None and self.interval_s <= 0:
             raise ValueError("interval_s must be positive seconds, or None for CheckFreq's rule")
+        if self.start_s is not None and self.start_s < 0:
+            raise ValueError("start_s must be non-negative seconds, or None for has.speed's restart cost")
+        if min(self.load_s, self.finish_s, self.handover_s) < 0:
+            raise ValueError("load_s, finish_s and handover_s must be non-negative seconds")
+        if self.finish_step and not self.save_on_stop:
+            raise ValueError("finish_step needs save_on_stop: a job that finishes its step then saves")
+
+    def restart_s(self, speed_restart_s: float, *, resumed: bool) -> float:
+        """Seconds from a placement until the job's first step there: the calibrated ``start_s``
+        (plus ``load_s`` when it ``resumed`` from a checkpoint), else ``speed_restart_s``."""
+        if self.start_s is None:
+            return speed_restart_s
+        return self.start_s + (self.load_s if resumed else 0.0)
 
     def write_s(self, params: int) -> float:
         """Seconds to write a checkpoint of a job with ``params`` parameters."""
@@ -85,7 +119,7 @@ class PreemptionModel:
         paid), ``step_s`` is its step time there; a job stopped before any
         progress loses nothing.
         """
-        if not self.charge:
+        if not self.charge or self.finish_step:  # finish_step: the simulator drains the step instead
             return 0.0, 0.0
         if self.save_on_stop:
             lost = progress_s % step_s if progress_s > 0 and step_s > 0 else 0.0
@@ -98,3 +132,19 @@ FREE = PreemptionModel(charge=False)
 """Charges nothing beyond the restart: a stopped job keeps all its progress (the simulator before #15)."""
 DEFAULT = PreemptionModel()
 PERIODIC = PreemptionModel(save_on_stop=False)
+
+
+LOOPBACK_STAND_IN = PreemptionModel(
+    start_s=27.69, load_s=29.74, finish_s=7.53, handover_s=35.74, finish_step=True
+)
+"""A live loopback pool of simulated GPUs running paced stand-ins, measured on this project's 2-core
+machine (load average about 7 from other work) on 2026-12-01 by
+``python scripts/bench_live.py --calibrate`` (a 2-daemon pool, one simulated A100-80GB, gpt2
+stand-ins of one rank): ``start_s`` = median of 3 jobs alone, submission to the first step's start
+(21.2, 27.7, 42.4 s: the coordinator's pass, lease, process start, torch import, rendezvous, model
+build); ``finish_s`` = median, last step to succeeded (3.8, 7.5, 8.5 s: final evaluation, export,
+exit report); ``handover_s`` = mean of 2 preemptions of a long job by a short one, the long job's last
+step to the short job's first less ``start_s`` (29.2, 42.3 s: checkpoint write, its transfer to the
+submitter, the exit report, the requeue); ``load_s`` = what the long job's resumed start took beyond
+``start_s`` after the short job's finish (24.5, 35.0 s: fetching and loading the checkpoint).
+Used by ``scripts/bench_live.py --tiny``; a full run measures afresh before its replay."""

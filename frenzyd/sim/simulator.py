@@ -6,7 +6,8 @@ A round tick is skipped only at a fixpoint: nothing happened since the last
 round and that round changed nothing (the policy would see the same jobs,
 placements and free GPUs, only a later clock), unless the policy sets
 ``time_driven = True`` (its decisions change with the clock alone).  Every placement costs the
-job's restart cost (start-up plus checkpoint read, ``has.speed``) before it
+job's restart cost (start-up plus checkpoint read, ``has.speed``, or the
+calibrated figures of a ``sim.preemption`` model with ``start_s`` set) before it
 makes progress; a job stopped or moved pays the checkpoint costs of
 ``sim.preemption`` (its checkpoint write delays its next start; the step in
 flight is lost), the same for every policy.  A
@@ -97,6 +98,7 @@ class _State:
     version: int = 0
     service: dict[str, float] = field(default_factory=dict)
     write_delay_s: float = 0.0  # the checkpoint write of the last stop, paid before the next start
+    ckpt_ready_s: float = 0.0  # finish_step: when the last stop's checkpoint is complete (absolute)
     lost_s: float = 0.0  # progress seconds lost to stops, in all
     gpu_types: list[str] = field(default_factory=list)  # the type of every placement, in order
     stop_cost_s: float = 0.0  # what a stop adds to the restart (the checkpoint write), shown to policies
@@ -127,11 +129,16 @@ def simulate(
     progress: Callable[[str], None] | None = None,
     max_time_s: float = 365 * 86400.0,
     preemption: PreemptionModel = DEFAULT,
+    step_time: Callable[[SimJob, Plan, int], float] | None = None,
 ) -> PolicyResult:
     """Run ``policy`` over ``jobs`` on ``cluster``; every job ends exactly once (completed/failed/unfinished).
 
     ``clock`` (seconds, monotonic) times each ``decide`` call; ``preemption``
-    prices every stop or move of a running job (``sim.preemption``).  Raises
+    prices every stop or move of a running job (``sim.preemption``).
+    ``step_time(job, plan, peers)``: the seconds per step a placement really
+    runs at, when that is not the job's speed model (a live pool's paced
+    stand-ins, ``scripts/bench_live.py``); the policies still see the speed
+    model and the plans' own step times, as the live coordinator's do.  Raises
     :class:`SchedulerError` when the policy returns an impossible decision
     (a GPU twice, a GPU not free, a plan on the wrong GPUs, tp across peers).
     """
@@ -150,6 +157,7 @@ def simulate(
     speed_of = {t.name: t.speed for t in cluster.types}
     all_gpus = set(cluster.gpus)
     free: set[Gpu] = set(all_gpus)
+    free_at: dict[Gpu, float] = {}  # finish_step: a stopped job holds its GPUs until then
     arrivals = sorted(jobs, key=lambda j: (j.arrival_s, j.job_id))
     next_arrival = 0
     queue: list[str] = []  # arrival order (resubmissions keep their place)
@@ -182,6 +190,19 @@ def simulate(
     def charge_stop(st: _State, t: float) -> None:
         """The checkpoint costs of stopping ``st`` at ``t`` (after :func:`advance`)."""
         progress_s = t - st.ready_s if not st.oom_pending else 0.0
+        if preemption.charge and preemption.finish_step:
+            # The step in flight finishes, then the checkpoint is written and the ranks exit: the
+            # GPUs (and the job's own next start) wait for both.
+            drain = 0.0
+            if progress_s > 0 and st.step_s > 0:
+                frac = (progress_s / st.step_s) % 1.0
+                if frac > 1e-9:
+                    drain = (1.0 - frac) * st.step_s
+                    st.remaining = max(1e-6, st.remaining - (1.0 - frac))
+            st.ckpt_ready_s = t + drain + preemption.handover_s
+            for g in st.gpus:
+                free_at[g] = st.ckpt_ready_s
+            return
         lost, write = preemption.stop_cost(st.job.speed.params, progress_s, st.step_s)
         if lost > 0 and st.step_s > 0:
             st.remaining = min(float(st.job.total_steps), st.remaining + lost / st.step_s)
@@ -237,17 +258,24 @@ def simulate(
             st.gpus = tuple(pl.gpus)
             st.placed_s = t
             st.last_update_s = t
-            st.ready_s = t + st.job.speed.restart_cost_s + st.write_delay_s
+            resumed = st.remaining < st.job.total_steps
+            begin = max([t, st.ckpt_ready_s] + [free_at.get(g, t) for g in pl.gpus])
+            restart = preemption.restart_s(st.job.speed.restart_cost_s, resumed=resumed)
+            st.ready_s = begin + restart + st.write_delay_s
             st.write_delay_s = 0.0
             st.placements += 1
             st.gpu_types.append(pl.plan.gpu_type)
             if st.first_start_s is None:
                 st.first_start_s = t
-            st.step_s = st.job.speed.step_time_s(pl.plan, speed_of[pl.plan.gpu_type], peers_of(pl.gpus))
+            if step_time is not None:
+                st.step_s = step_time(st.job, pl.plan, peers_of(pl.gpus))
+            else:
+                st.step_s = st.job.speed.step_time_s(pl.plan, speed_of[pl.plan.gpu_type], peers_of(pl.gpus))
             st.oom_pending = not plan_fits(st.job, pl.plan)
             st.version += 1
             running[pl.job_id] = st
-            end = st.ready_s if st.oom_pending else st.ready_s + st.remaining * st.step_s
+            work = st.remaining * st.step_s + preemption.finish_s
+            end = st.ready_s if st.oom_pending else st.ready_s + work
             heapq.heappush(heap, (end, 1 if st.oom_pending else 0, pl.job_id, st.version))
             changed = True
         return changed

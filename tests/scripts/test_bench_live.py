@@ -1,0 +1,162 @@
+"""scripts/bench_live.py's pure parts and the simulator's calibrated preemption mode it relies on.
+
+The replay itself starts real daemons for minutes: CI runs it as ``scripts/bench_live.py --tiny`` in
+``.ci/run``'s loop over the benchmarks, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+import bench_live as bl  # noqa: E402
+
+from frenzyd.has.interface import Cluster, Decision, Gpu, GpuTypeSpec, Placement, Snapshot  # noqa: E402
+from frenzyd.has.speed import JobSpeed  # noqa: E402
+from frenzyd.marp.spec import Plan  # noqa: E402
+from frenzyd.sim.model import SimJob  # noqa: E402
+from frenzyd.sim.preemption import LOOPBACK_STAND_IN, PreemptionModel  # noqa: E402
+from frenzyd.sim.simulator import simulate  # noqa: E402
+
+
+def _plan(gpu_type: str, gpus: int, step: float, zero: int = 0) -> Plan:
+    return Plan(gpu_type, gpus, gpus, 1, 1, zero, 1, 1, 1 << 30, 80 << 30, step)
+
+
+def _job(job_id: str, arrival: float, steps: float, plans: tuple[Plan, ...]) -> SimJob:
+    return SimJob(job_id=job_id, arrival_s=arrival, requested_gpus=1, model="gpt2", seq_len=1024,
+                  global_batch=16, total_steps=steps, speed=JobSpeed(10**8, 1e12), plans=plans)
+
+
+class _MakeRoomForB:
+    """Places queued jobs on free GPUs; when job B is queued and A runs, stops A and gives B its GPU."""
+
+    name = "make-room"
+    round_s: float | None = None
+
+    def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
+        del rng
+        queued = {j.job_id: j for j in snapshot.queued}
+        running = {r.job.job_id: r for r in snapshot.running}
+        if "B" in queued and "A" in running:
+            a = running["A"]
+            return Decision(preemptions=("A",), placements=(Placement("B", queued["B"].plans[0], a.gpus),))
+        free = list(snapshot.free)
+        out = []
+        for j in snapshot.queued:
+            if free:
+                out.append(Placement(j.job_id, j.plans[0], (free.pop(0),)))
+        return Decision(placements=tuple(out))
+
+
+def test_a_calibrated_stop_finishes_its_step_and_the_freed_gpu_waits_for_the_handover() -> None:
+    """The live trainer's stop: the step in flight finishes (1 s left of a 2 s step), the checkpoint
+    and exit take ``handover_s``; the job placed on that GPU starts after both, every placement costs
+    ``start_s``, a resumed one ``load_s`` more, and a job is done ``finish_s`` after its last step."""
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55),), (Gpu("n0", 0, "A100-80GB"),))
+    plan = _plan("A100-80GB", 1, 2.0)
+    jobs = [_job("A", 0.0, 100.0, (plan,)), _job("B", 10.0, 5.0, (plan,))]
+    model = PreemptionModel(start_s=3.0, load_s=1.0, finish_s=0.25, handover_s=0.5, finish_step=True)
+    r = simulate(_MakeRoomForB(), jobs, cluster, seed=0, clock=time.perf_counter, preemption=model,
+                 step_time=lambda job, p, peers: p.step_time_s)
+    end = {o.job_id: o.end_s for o in r.outcomes}
+    # A: ready at 3; at 10 it is 3.5 steps in, finishes step 4 at 11, hands over by 11.5 (96 steps left).
+    # B: starts at 11.5, ready 14.5, 5 steps, done 24.75.  A again at 24.75: ready 28.75, 192 s, +0.25.
+    assert end["B"] == pytest.approx(24.75)
+    assert end["A"] == pytest.approx(221.0)
+    assert {o.job_id: o.restarts for o in r.outcomes} == {"A": 1, "B": 0}
+    assert all(o.lost_s == 0.0 for o in r.outcomes)  # nothing is lost: the step in flight finished
+
+
+def test_the_step_time_hook_sets_the_pace_but_not_what_policies_see() -> None:
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55),), (Gpu("n0", 0, "A100-80GB"),))
+    plan = _plan("A100-80GB", 1, 0.1)
+    model = PreemptionModel(start_s=0.0, finish_step=True)
+    r = simulate(_MakeRoomForB(), [_job("A", 0.0, 10.0, (plan,))], cluster, seed=0, clock=time.perf_counter,
+                 preemption=model, step_time=lambda job, p, peers: bl.pace_s(p))
+    assert r.outcomes[0].end_s == pytest.approx(10 * bl.PACE_MIN_S)  # 0.1 s steps paced to 0.5 s
+
+
+def test_calibration_parameters_are_checked() -> None:
+    with pytest.raises(ValueError, match="start_s"):
+        PreemptionModel(start_s=-1.0)
+    with pytest.raises(ValueError, match="handover_s"):
+        PreemptionModel(handover_s=-0.1)
+    with pytest.raises(ValueError, match="finish_step"):
+        PreemptionModel(save_on_stop=False, finish_step=True)
+    assert PreemptionModel().restart_s(42.0, resumed=True) == 42.0  # uncalibrated: has.speed's figure
+    m = PreemptionModel(start_s=5.0, load_s=2.0)
+    assert (m.restart_s(42.0, resumed=False), m.restart_s(42.0, resumed=True)) == (5.0, 7.0)
+    assert LOOPBACK_STAND_IN.finish_step
+    assert LOOPBACK_STAND_IN.start_s is not None
+    assert LOOPBACK_STAND_IN.start_s > 0  # measured, not a placeholder
+
+
+def _snapshot(queued: list[SimJob], free: list[Gpu], cluster: Cluster) -> Snapshot:
+    from frenzyd.has.interface import JobView
+
+    views = tuple(JobView(job_id=j.job_id, arrival_s=j.arrival_s, requested_gpus=1, plans=j.plans,
+                          speed=j.speed, total_steps=j.total_steps, remaining_steps=j.total_steps)
+                  for j in queued)
+    return Snapshot(now_s=0.0, reason="arrival", cluster=cluster, free=tuple(sorted(free)), queued=views,
+                    running=())
+
+
+def test_live_fifo_is_first_fit_in_arrival_order_on_the_smallest_marp_shape() -> None:
+    gpus = [Gpu("a", i, "A100-80GB") for i in range(2)] + [Gpu("v", i, "V100-32GB") for i in range(2)]
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55), GpuTypeSpec("V100-32GB", 32 << 30, 1.0)),
+                      tuple(sorted(gpus)))
+    big = _job("big", 0.0, 10, (_plan("A100-80GB", 2, 1.0), _plan("A100-80GB", 2, 0.9, zero=1)))
+    small = _job("small", 1.0, 10, (_plan("A100-80GB", 1, 0.5), _plan("V100-32GB", 1, 1.0),
+                                     _plan("A100-80GB", 2, 0.3)))
+    late = _job("late", 2.0, 10, (_plan("V100-32GB", 1, 1.0),))
+    d = bl.LiveFifo().decide(_snapshot([big, small, late], gpus, cluster), random.Random(0))
+    got = {p.job_id: (p.plan.gpu_type, p.plan.gpus, p.plan.zero, tuple(g.peer for g in p.gpus))
+           for p in d.placements}
+    # big takes both A100s (its fastest 2-GPU plan); small falls to a V100 (1 GPU, the smallest shape);
+    # late takes the other V100.
+    assert got == {"big": ("A100-80GB", 2, 1, ("a", "a")), "small": ("V100-32GB", 1, 0, ("v",)),
+                   "late": ("V100-32GB", 1, 0, ("v",))}
+    assert not d.preemptions
+
+
+def _out(attempt: int, data: str, t: float) -> dict[str, object]:
+    return {"type": "output", "rank": 0, "stream": "stdout", "attempt": attempt, "data": data, "t": t}
+
+
+def test_step_lines_join_lines_split_across_chunks_and_skip_other_output() -> None:
+    s1 = json.dumps({"step": 1, "loss": 5.0})
+    s2 = json.dumps({"step": 2, "loss": 4.0})
+    events = [{"type": "state", "job": {}}, _out(1, s1 + "\n" + s2[:5], 1.0),
+              _out(1, s2[5:] + "\nhello\n", 2.0),
+              {**_out(1, json.dumps({"step": 9, "loss": 1.0}) + "\n", 3.0), "rank": 1}]
+    assert bl.step_lines(events) == [(1, 1, 1.0), (1, 2, 2.0)]
+
+
+def test_late_steps_count_gaps_over_one_and_a_half_paces_within_an_attempt() -> None:
+    lines = [(1, 1, 10.0), (1, 2, 10.5), (1, 3, 11.3), (1, 4, 11.7),  # one gap of 0.8 > 0.75
+             (2, 5, 100.0), (2, 6, 101.0),  # a new attempt: its first step is not timed against attempt 1
+             (3, 7, 200.0), (3, 8, 200.5)]  # attempt 3's plan is unknown
+    assert bl.late_steps(lines, {1: 0.5, 2: 1.0}) == (4, 1, 1)
+
+
+@pytest.mark.timeout(120)
+def test_the_slice_is_scaled_to_the_offered_load_with_every_job_at_least_min_steps() -> None:
+    raw = bl.candidates(2, 24)
+    assert raw is not None
+    assert len(raw) == 24
+    jobs = bl.scale(raw, 900.0)
+    assert jobs is not None
+    assert bl.offered_load(jobs) == pytest.approx(bl.LOAD, rel=0.02)
+    assert min(j.steps for j in jobs) >= bl.MIN_STEPS
+    assert max(j.arrival_s for j in jobs) == pytest.approx(300.0)
+    assert all(j.steps * bl.fastest(j)[0] <= 300.0 + bl.fastest(j)[0] for j in jobs)  # the per-job cap
