@@ -369,12 +369,16 @@ def _stage_phases(
         emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
         if tied_here:
             emb_temp += spec.vocab * h * gb
+        # that pending head gradient is counted in grads_at(head_g ...) only while no gradients exist
+        # yet; with DDP's buckets or an earlier micro-step's gradients it is a tensor of its own beside
+        # them (the tied weight's AccumulateGrad runs after the sum)
+        pending_tied = spec.vocab * h * gb if tied_here and grads_early and not fsdp else 0
         out.append(
             (
                 "backward",
                 Breakdown(
                     params + gathered_emb + others_wc,
-                    grads_at(head_g + layers * layer_g) + head_pending,
+                    grads_at(head_g + layers * layer_g) + head_pending + pending_tied,
                     opt_bytes,
                     others + pre - others_wc,
                     emb_temp + sb * h * ab,
