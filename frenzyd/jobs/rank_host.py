@@ -546,7 +546,7 @@ class RankHostRole:
             except (FrenzyError, OSError) as exc:
                 log.info("job %s attempt %d: exit report not delivered (%s); retry in %.0fs",
                          job_id, attempt, exc, delay)
-                await asyncio.sleep(delay)
+                await self._backoff(entry.submitter, delay)
                 delay = min(delay * 2, MAX_DELIVERY_BACKOFF_S)
                 continue
             break
@@ -554,6 +554,19 @@ class RankHostRole:
             log.warning("job %s attempt %d: submitter %s did not take the exit report within %.0fs; "
                         "dropping it", job_id, attempt, entry.submitter[:12], self.retention_s)
         await asyncio.to_thread(self.outbox.remove, entry.key)
+
+    async def _backoff(self, submitter: str, delay: float) -> None:
+        """Wait ``delay`` before the next delivery, or less: as soon as the submitter comes back into
+        the view (restarted, unfrozen, a partition healed), so a finished attempt's report reaches
+        it before the pool could start the job again."""
+        deadline = self.ctx.clock() + delay
+        was_here = submitter in self.ctx.view().peers
+        while self.ctx.clock() < deadline:
+            await asyncio.sleep(min(self.ctx.heartbeat_s, max(0.0, deadline - self.ctx.clock())))
+            here = submitter in self.ctx.view().peers
+            if here and not was_here:
+                return
+            was_here = here
 
     async def _send_results(self, entry: OutboxEntry, results: bytes | None) -> None:
         """Rank 0's results, in chunks; ``LaunchError`` when the submitter refuses them for good."""

@@ -206,7 +206,7 @@ class SubmitterRole:
                                   f"{self.max_payload_bytes} ([launcher] max_payload_bytes)")
             for key, got in (("payload_sha256", payload.sha256), ("payload_size", payload.size)):
                 if fields.get(key) is not None and fields[key] != got:
-                    raise JobStateError(f"the payload received does not match its {key} ({fields[key]!r}, "
+                    raise LaunchError(f"the payload received does not match its {key} ({fields[key]!r}, "
                                         f"received {got!r}): it was cut short or altered; submit again")
             data, sha, size = payload.path, payload.sha256, payload.size
         else:
@@ -417,6 +417,10 @@ class SubmitterRole:
             return AttemptAck(0, rec.state)
         now = self.ctx.clock()
         held = self._placing_may_run(v, rec, now)
+        if held is None and rec.attempt > 0:
+            holders = [p for p in v.peers if self._peer_has_job(v, p, rec)]
+            if holders:  # the last attempt's ranks (a lease) or its undelivered exit report (outbox)
+                held = f"peer {holders[0][:12]} still holds attempt {rec.attempt} or its exit report"
         if held is not None:  # the coordinator tries again later; the attempt's exit may settle it
             log.debug("job %s: no new attempt yet: %s", rec.id, held)
             return AttemptAck(0, rec.state)
