@@ -18,6 +18,14 @@ analytic method, with the constants fitted on the fixed grid, on them.
 
 Measurements are cached in ``bench-results/marp-cache.json`` keyed by the
 configuration and the torch/transformers versions, so reruns are cheap.
+
+The "trainer" table (``scripts/_marp_trainer.py``) scores MARP's per-rank
+prediction (analytic, ``device="cpu"``, default constants: never fitted, no
+calibration) against the built-in trainer's own per-rank measurement on real
+gloo process groups, for every parallel form of ``frenzyd.marp.combos`` at
+world sizes 2-4 (``--tiny``: four plans of the tiny model on 2 ranks).  It is
+measured in the background while the other tables run, and not cached.
+``--no-trainer`` skips it; ``--trainer-only`` runs only it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ if str(ROOT) not in sys.path:
 if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
+from _marp_trainer import TrainerTable  # noqa: E402
+from _marp_trainer import markdown as trainer_markdown  # noqa: E402
 from benchmeta import provenance, write_results  # noqa: E402
 
 from frenzyd.errors import FrenzyError  # noqa: E402
@@ -514,12 +524,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--heldout-n", type=int, default=None, help="draws per held-out seed (default 40; --tiny: 5)"
     )
+    ap.add_argument("--no-trainer", action="store_true", help="skip the trainer table")
+    ap.add_argument("--trainer-only", action="store_true", help="run only the trainer table")
     args = ap.parse_args(argv)
+    if args.no_trainer and args.trainer_only:
+        ap.error("--no-trainer and --trainer-only exclude each other")
     heldout_seeds = args.heldout_seed if args.heldout_seed is not None else ([0] if args.tiny else [])
     heldout_n = args.heldout_n if args.heldout_n is not None else (5 if args.tiny else 40)
     if heldout_n < 1:
         ap.error("--heldout-n must be at least 1")
     prov = provenance()
+    # Real gloo process groups, measured while the other tables run (they only wait on subprocesses).
+    trainer = None if args.no_trainer else TrainerTable(tiny=args.tiny)
+    if args.trainer_only:
+        assert trainer is not None
+        table = trainer.finish()
+        if args.markdown:
+            args.markdown.parent.mkdir(parents=True, exist_ok=True)
+            args.markdown.write_text(trainer_markdown(table))
+            print(f"wrote {args.markdown}")
+        if args.out:
+            write_results(args.out, {"trainer": table}, prov)
+            print(f"wrote {args.out}")
+        return 0 if table["summary"]["measured"] == table["summary"]["n"] else 1
 
     import torch
 
@@ -698,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
             cache, analytic, constants, hs, heldout_n, tiny=args.tiny, cached_only=args.cached_only
         )
 
+    trainer_table = trainer.finish() if trainer is not None else None
+
     sp = speed(analytic)
     print(f"speed: {sp}")
     wall = time.perf_counter() - t_start
@@ -705,7 +734,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(_markdown(rows, summ, sp) + _heldout_markdown(heldout))
+        args.markdown.write_text(
+            _markdown(rows, summ, sp)
+            + _heldout_markdown(heldout)
+            + (trainer_markdown(trainer_table) if trainer_table is not None else "")
+        )
         print(f"wrote {args.markdown}")
     if args.out:
         out = {
@@ -718,11 +751,14 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summ,
             "speed": sp,
             "heldout": heldout,
+            "trainer": trainer_table,
             "wall_s": wall,
             "rows": [_row_json(r) for r in rows],
         }
         write_results(args.out, out, prov)
         print(f"wrote {args.out}")
+    if trainer_table is not None and trainer_table["summary"]["measured"] < trainer_table["summary"]["n"]:
+        return 1  # a trainer run failed (not a missed accuracy target): the trainer or its wiring broke
     return 0
 
 
