@@ -239,3 +239,46 @@ async def test_token_commands_and_the_users_own_token_file(apis: Apis, tmp_path:
     rc, _, err = await cli("whoami", env={"HOME": str(home)})
     assert rc == 1
     assert "wrong API token" in err
+
+
+async def test_a_payload_larger_than_a_request_body_streams_to_the_job(apis: Apis, tmp_path: Path) -> None:
+    """Payloads are not request bodies (1 MiB cap): 3 MiB of random bytes arrive whole and hash-checked."""
+    import hashlib
+
+    from frenzy_client.daemon_client import DaemonClient
+
+    from .orch_harness import job_dir, request
+
+    admin = (apis.data_dir / "client.token").read_text().strip()
+    d = job_dir(tmp_path, "import time\ntime.sleep(600)\n")
+    (d / "big.bin").write_bytes(os.urandom(3 << 20))
+    async with DaemonClient(apis.tcp_api.address, admin) as c:
+        job = await c.submit(request(d, nproc=1))
+        await c.cancel(job["id"])
+    rec = apis.orch.store.get(job["id"])
+    stored = (apis.orch.store.dir(job["id"]) / "payload.bin").read_bytes()
+    assert rec.spec.payload_size == len(stored) > 3 << 20
+    assert rec.spec.payload_sha256 == hashlib.sha256(stored).hexdigest()
+    assert not list((apis.data_dir / "jobs").glob(".incoming-*"))
+
+
+async def test_a_payload_that_does_not_match_its_spec_is_refused(apis: Apis, tmp_path: Path) -> None:
+    from frenzy_client.daemon_client import pack_request
+
+    from .orch_harness import job_dir, request
+
+    admin = (apis.data_dir / "client.token").read_text().strip()
+    spec, payload = pack_request(request(job_dir(tmp_path), nproc=1), 1 << 20)
+    with payload:
+        data = payload.read()
+    for lie, key in (({"payload_sha256": "0" * 64}, "payload_sha256"), ({"payload_size": 1}, "payload_size")):
+        form = aiohttp.FormData()
+        form.add_field("spec", json.dumps(spec | lie), content_type="application/json")
+        form.add_field("payload", data, filename="p", content_type="application/octet-stream")
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin}"}) as s, \
+                s.post(f"http://{apis.tcp_api.address}/v1/jobs", data=form) as r:
+            body = await r.json()
+        assert r.status == 400, body
+        assert f"does not match its {key}" in body["error"]
+    assert apis.orch.store.all() == []
+    assert not list((apis.data_dir / "jobs").glob(".incoming-*"))
