@@ -30,7 +30,7 @@ Requeue(a)      queued/placing a,      queued/waiting          submitter or coor
 Exits(a)        running a              running, succeeded,     the rank hosts' exit reports
                                        failed
 LateExits(a')   queued, running a,     unchanged, or           the exit report of an earlier,
-                a' < a                 succeeded               requeued attempt a' (its host was
+                a' < a, or a' = a      succeeded               requeued attempt a' (its host was
                                                                cut off or frozen near the end):
                                                                once every rank of a' is known to
                                                                have exited 0, the job succeeded
@@ -60,7 +60,7 @@ from frenzyd.errors import JobStateError
 from frenzyd.jobs.model import PHASES, TERMINAL, JobPlan, JobRecord, JobState, LateAttempt, RankAssignment
 
 __all__ = ["EVENTS", "MAX_LOST", "PHASES", "BeginAttempt", "Cancel", "Event", "Exits", "Fail", "LateExits",
-           "Placed", "Requeue", "StaleAttempt", "Wait", "run_attempt", "step"]
+           "Placed", "Requeue", "StaleAttempt", "Wait", "is_late", "run_attempt", "step"]
 
 MAX_LOST: Final = 3
 """Started attempts a job may lose before it is failed: attempts whose ranks vanished with their peer
@@ -118,8 +118,9 @@ class Exits:
 
 @dataclass(frozen=True, slots=True)
 class LateExits:
-    """Exit codes of some ranks of ``attempt``, an attempt before the record's current one, with
-    that attempt's placement (its report carries it): ``ranks`` and ``plan``."""
+    """Exit codes of some ranks of ``attempt``, a requeued attempt (before the record's current one,
+    or the record's own while it waits: ``is_late``), with that attempt's placement (its report
+    carries it): ``ranks`` and ``plan``."""
 
     attempt: int
     ranks: tuple[RankAssignment, ...]
@@ -247,11 +248,20 @@ def _exits(rec: JobRecord, codes: Mapping[int, int], now: float) -> JobRecord:
     return _finish(rec, "failed", f"rank {failed_rank} exited {merged[failed_rank]} first", now)
 
 
+def is_late(rec: JobRecord, attempt: int) -> bool:
+    """Whether an exit report of ``attempt`` is late news: of an attempt before the record's, or of
+    the record's own attempt after it was requeued (waiting, no new attempt numbered yet)."""
+    if rec.terminal or attempt < 1:
+        return False
+    waiting = rec.state == "queued" and rec.phase == "waiting"
+    return attempt < rec.attempt or (attempt == rec.attempt and waiting)
+
+
 def _late_exits(rec: JobRecord, ev: LateExits, now: float) -> JobRecord:
     """Record an earlier attempt's exit codes; the job succeeded once all of its ranks exited 0."""
-    if not 0 < ev.attempt < rec.attempt:
+    if not is_late(rec, ev.attempt):
         raise StaleAttempt(f"job {rec.id}: late exit report of attempt {ev.attempt}, the job is at attempt "
-                           f"{rec.attempt}")
+                           f"{rec.attempt} ({rec.state}/{rec.phase})")
     world = len(ev.ranks)
     if world == 0 or [r.rank for r in sorted(ev.ranks, key=lambda r: r.rank)] != list(range(world)):
         raise StaleAttempt(f"job {rec.id}: late exit report of attempt {ev.attempt} without its placement")

@@ -40,6 +40,7 @@ from frenzyd.jobs.lifecycle import (
     Requeue,
     StaleAttempt,
     Wait,
+    is_late,
     step,
 )
 from frenzyd.jobs.messages import (
@@ -539,7 +540,7 @@ class SubmitterRole:
         results) or an earlier attempt's late results cannot be checked this way."""
         job_id, off, total, data = msg.job_id, msg.offset, msg.total, msg.data
         rec = self.store.find(job_id)
-        late = rec is not None and not rec.terminal and 0 < msg.attempt < rec.attempt
+        late = rec is not None and not rec.terminal and 0 < msg.attempt < rec.attempt  # own attempt: as usual
         if not late and self._current(JobResults.KIND, job_id, msg.attempt) is None:
             return Ack(False, f"stale attempt {msg.attempt}")
         rank0 = _rank0_host(rec, msg.attempt)
@@ -597,7 +598,7 @@ class SubmitterRole:
             if msg.attempt != mine.attempt:
                 self.ctx.stale(JobExit.KIND, f"job {mine.id} is {mine.state}: exit of attempt {msg.attempt}")
             return
-        if msg.attempt < mine.attempt:
+        if is_late(mine, msg.attempt):
             self._on_late_exit(peer, mine, msg)
             return
         if msg.record is not None:

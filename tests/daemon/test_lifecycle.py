@@ -26,6 +26,7 @@ from frenzyd.jobs.lifecycle import (
     Requeue,
     StaleAttempt,
     Wait,
+    is_late,
     run_attempt,
     step,
 )
@@ -165,7 +166,7 @@ def test_random_event_orders_keep_every_invariant(events: list[Event]) -> None:
         if isinstance(ev, Exits | Requeue):
             assert ev.attempt == before.attempt, "only the current attempt's reports change a record"
         if isinstance(ev, LateExits):
-            assert 0 < ev.attempt < before.attempt, "a late report is of an earlier attempt"
+            assert is_late(before, ev.attempt), "a late report is of a requeued attempt"
             assert r.state in {before.state, "succeeded"}
             if r.state == "succeeded":
                 assert r.late[ev.attempt].succeeded
@@ -203,6 +204,12 @@ def test_a_late_success_of_a_requeued_attempt_stands_and_ends_the_job() -> None:
         step(r, LateExits(2, ranks(1), {0: 0}), now=5)  # the current attempt reports through Exits
     with pytest.raises(StaleAttempt):
         step(done, LateExits(1, first.ranks, {0: 0}), now=6)
+    # Requeued and not numbered again yet: the report of its own last attempt is late news too.
+    waiting = step(first, Requeue(1, "cut off"), now=2)
+    assert is_late(waiting, 1)
+    assert not is_late(first, 1)
+    back = step(waiting, LateExits(1, first.ranks, {0: 0, 1: 0}), now=3)
+    assert (back.state, back.attempt) == ("succeeded", 1)
 
 
 @pytest.mark.parametrize("name", sorted(V1))

@@ -473,3 +473,32 @@ async def _last_line_of_attempt(ledger: Path, attempt: int, quiet_s: float = 3.0
             if time.time() - last > quiet_s:
                 return last
             await asyncio.sleep(0.2)
+
+
+async def test_a_success_reported_after_its_job_was_requeued_stands_and_nothing_reruns(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Found by scripts/bench_chaos.py: the rank host is cut off while the job finishes; the job is
+    requeued (its host is silent past the lease) but not placed again yet.  When the cut heals, the
+    host's report of the finished attempt, the record's own last attempt, is late news, not stale:
+    the job succeeded, no second attempt ever starts (the submitter numbers none while a peer still
+    lists the attempt's undelivered report)."""
+    pool.add("a", 0)
+    b = pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    d, ledger = ledger_job(tmp_path, work(2))
+    rec = await c.orch.submit(request(d, nproc=1))
+    await wait_state(c, rec.id, {"running"})
+    await output_has(c, rec.id, "attempt 1")
+    for other in ("a", "c"):
+        pool.cut.add(frozenset((b.nid, other)))
+    await eventually(lambda: b.orch.rank_host.outbox.entries() != [], limit=30)
+    await eventually(lambda: c.orch.store.get(rec.id).state == "queued", limit=60)
+    pool.cut.clear()
+    done = await wait_state(c, rec.id, {"succeeded", "failed"}, limit=60)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] == 1
+    await asyncio.sleep(2.0)
+    assert {e["attempt"] for e in entries(ledger)} == {1}
