@@ -208,7 +208,11 @@ class DaemonClient:
                 if r.status == 404:
                     return None
                 if r.status >= 400:
-                    raise FrenzyError(f"results of {job_id}: HTTP {r.status}")
+                    try:
+                        msg = (await r.json(content_type=None)).get("error")
+                    except (ValueError, AttributeError):
+                        msg = None
+                    raise FrenzyError(msg or f"results of {job_id}: HTTP {r.status}")
                 return await r.read()
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
             raise self._unreachable(exc) from None

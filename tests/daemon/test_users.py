@@ -271,6 +271,9 @@ def test_jobs_belong_to_their_user(lab: Lab) -> None:
         res = lab.cli("bob", "logs", job_id)
         if SECRET in res.out or res.rc != 1 or f"job {job_id} belongs to {alice.name}" not in res.err:
             wrong.append(f"bob's 'logs': rc {res.rc}, out {res.out[:80]!r}, err {res.err[-200:]!r}")
+        res = lab.cli("bob", "results", job_id, "--out", str(lab.users["bob"].home / "got"))
+        if res.rc != 1 or "belongs to" not in res.err:
+            wrong.append(f"bob's 'results': rc {res.rc}, err {res.err[-200:]!r}")
         res = lab.cli("bob", "cancel", job_id)
         if res.rc != 1 or "belongs to" not in res.err:
             wrong.append(f"bob's 'cancel': rc {res.rc}, out {res.out[-80:]!r}, err {res.err[-200:]!r}")
