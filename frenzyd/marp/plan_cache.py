@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -74,8 +75,8 @@ MEMO_SIZE = 32768
 """Entries one job shape's memo may hold before it starts afresh (a few thousand over a 1,000-peer
 pool; ~250 B each)."""
 
-NAMELESS = 256
-"""Models whose nameless copy is kept by identity."""
+TOKENS = 1024
+"""Models and constants whose key numbers are kept."""
 
 
 class _Key:
@@ -137,7 +138,9 @@ class PlanCache:
         self._jobs: OrderedDict[_Key, dict[_TypeKey, tuple[_Entry, ...]]] = OrderedDict()
         self._memos: OrderedDict[_Key, Memo] = OrderedDict()
         self._answers: OrderedDict[_Key, tuple[Plan, ...]] = OrderedDict()
-        self._names: dict[int, tuple[ModelSpec, ModelSpec]] = {}
+        self._tokens: dict[object, int] = {}
+        self._by_id: dict[int, tuple[object, int]] = {}
+        self._numbers = itertools.count()
         self._hits = self._misses = self._counts = 0
 
     def stats(self) -> CacheStats:
@@ -147,7 +150,8 @@ class PlanCache:
         self._jobs.clear()
         self._memos.clear()
         self._answers.clear()
-        self._names.clear()
+        self._tokens.clear()
+        self._by_id.clear()
         self._hits = self._misses = self._counts = 0
 
     def feasible_plans(
@@ -189,7 +193,7 @@ class PlanCache:
                                         constants=constants, calibration=calibration,
                                         torch_version=torch_version, trainer_only=trainer_only))
         job = job_shape(setup)
-        jkey = _Key((self._nameless(model), job, trainer_only, constants))
+        jkey = _Key((self._token(model), job, trainer_only, self._token(constants)))
         extras = tuple(overhead_raise(calibration, pool.gpu_type, model, torch_version) for pool in pools)
         akey = _Key((jkey, tuple(pools), headroom, max_gpus, extras))
         answer = self._answers.get(akey)
@@ -230,16 +234,23 @@ class PlanCache:
                 break
         return answer
 
-    def _nameless(self, model: ModelSpec) -> ModelSpec:
-        """``model`` without its name (kept by identity: a preset is one object per process)."""
-        hit = self._names.get(id(model))
-        if hit is not None and hit[0] is model:
+    def _token(self, value: object) -> int:
+        """A small number standing for ``value`` (a model without its name, analytic constants) in keys:
+        equal values get the same number while it is kept, and a number is never given to another
+        value, so keys compare and hash in a few steps instead of a model's twenty fields."""
+        hit = self._by_id.get(id(value))
+        if hit is not None and hit[0] is value:  # a preset or the default constants: one object
             return hit[1]
-        nameless = replace(model, name="")
-        if len(self._names) >= NAMELESS:
-            self._names.clear()
-        self._names[id(model)] = (model, nameless)
-        return nameless
+        key = replace(value, name="") if isinstance(value, ModelSpec) else value  # the name: messages only
+        token = self._tokens.get(key)
+        if token is None:
+            if len(self._tokens) >= TOKENS:
+                self._tokens.clear()  # later keys miss once; never a wrong answer
+            token = self._tokens[key] = next(self._numbers)
+        if len(self._by_id) >= TOKENS:
+            self._by_id.clear()
+        self._by_id[id(value)] = (value, token)  # holds `value`, so its id is not reused meanwhile
+        return token
 
     def _memo(self, jkey: _Key) -> Memo:
         memo = self._memos.get(jkey)
