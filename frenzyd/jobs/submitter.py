@@ -426,7 +426,9 @@ class SubmitterRole:
             log.debug("job %s: no new attempt yet: %s", rec.id, held)
             return AttemptAck(0, rec.state)
         rec = step(rec, BeginAttempt(), now=now)
-        await asyncio.to_thread(self.store.save, rec)
+        # On the loop, not in a thread: a cancel handled meanwhile must not be overwritten by this
+        # older copy (and the store's followers are asyncio queues).
+        self.store.save(rec)
         self._placing_seen[(rec.id, rec.attempt)] = now
         return AttemptAck(rec.attempt, rec.state)
 
