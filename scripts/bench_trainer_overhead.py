@@ -78,8 +78,17 @@ def last_progress(lines: list[dict[str, Any]]) -> dict[str, Any]:
     return lines[-1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` itself (``/proc/PID/stat``; children not included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> dict[str, Any]:
-    """One ``frenzy-client run --json``: its final object, steady tokens/s and wall time."""
+    """One ``frenzy-client run --json``: its final object, steady tokens/s, wall time and the CPU
+    seconds the daemon process itself spent meanwhile."""
+    assert d.proc is not None
+    cpu0 = cpu_seconds(d.proc.pid)
     res_dir = workdir / "results"
     cmd = [sys.executable, "-m", "frenzy_client", "run", "--daemon", d.address, *train, "--json",
            "--results-dir", str(res_dir)]
@@ -87,6 +96,7 @@ def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> di
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=workdir, timeout=timeout,
                           check=False)
     wall = time.perf_counter() - t0
+    daemon_cpu = cpu_seconds(d.proc.pid) - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"frenzy-client run exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}\n--- daemon log\n{d.log_tail(40)}")
@@ -101,6 +111,7 @@ def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> di
         "tokens_per_s": float(last_progress(steps)["tokens_per_s"]),
         "summary_tokens_per_s": final.get("tokens_per_s"),
         "submit_to_summary_s": wall,
+        "daemon_cpu_s": daemon_cpu,
         "job_wall_s": final.get("wall_s"),
         "queued_s": final.get("queued_s"),
         "steps_done": final.get("steps_done"),
@@ -216,10 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                     assert plan is not None
                     r = run_torchrun(plan, str(data), wd, args.threads, timeout)
                 step_s = g * seq / r["tokens_per_s"]
-                r.update(rep=rep, side=side, step_s=step_s)
+                r.update(rep=rep, side=side, step_s=step_s, loadavg_1m=os.getloadavg()[0])
                 runs.append(r)
+                extra = f"  daemon CPU {r['daemon_cpu_s']:5.1f} s" if side == "frenzy" else ""
                 print(f"  rep {rep} {side:8s} {r['tokens_per_s']:9.1f} tokens/s  step {step_s:5.2f} s  "
-                      f"submit->summary {r['submit_to_summary_s']:6.1f} s", flush=True)
+                      f"submit->summary {r['submit_to_summary_s']:6.1f} s  "
+                      f"load {r['loadavg_1m']:5.1f}{extra}", flush=True)
                 shutil.rmtree(wd / "results" / "model", ignore_errors=True)
                 shutil.rmtree(wd / "output" / "model", ignore_errors=True)
     finally:
@@ -234,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     paired = [f / t for f, t in zip(f_tps, t_tps, strict=True)]
     ratio = statistics.median(f_tps) / statistics.median(t_tps)
     step_min = min(float(r["step_s"]) for r in runs)
+    loads = [float(r["loadavg_1m"]) for r in runs]
     summ = {
         "tokens_per_s_ratio_of_medians": ratio,
         "tokens_per_s_ratio_per_rep": paired,
@@ -242,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         "frenzy_submit_to_summary_s_median": statistics.median(f_wall),
         "torchrun_submit_to_summary_s_median": statistics.median(t_wall),
         "submit_to_summary_extra_s_median": statistics.median(f_wall) - statistics.median(t_wall),
+        "daemon_cpu_s_median": statistics.median(side("frenzy", "daemon_cpu_s")),
+        "loadavg_1m_range": [min(loads), max(loads)],
         "shortest_step_s": step_min,
         "steps_long_enough": step_min >= MIN_STEP_S,
         "target_ratio": TARGET_RATIO,
@@ -259,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'submit -> summary s':24s} {statistics.median(f_wall):18.1f} {statistics.median(t_wall):12.1f} "
           f"{statistics.median(f_wall) / statistics.median(t_wall):7.3f}")
     print(f"per-repetition tokens/s ratios: {', '.join(f'{x:.3f}' for x in paired)}")
+    print(f"daemon CPU per job (median): {summ['daemon_cpu_s_median']:.1f} s; 1-minute load average during "
+          f"the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     long_enough = ">=" if summ["steps_long_enough"] else "UNDER"
     print(f"shortest step {step_min:.2f} s ({long_enough} {MIN_STEP_S} s); "
           f"target tokens/s >= {TARGET_RATIO} x torchrun: {'met' if summ['target_met'] else 'NOT met'}")
