@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from _pool import PY, Daemon, NodeConf, alive_ids, env, full_mesh, make_pool, wait_until  # noqa: E402
 
+from frenzyd.trainer.corpus import write_corpus  # noqa: E402
 from tests.netns import NetnsLab, list_lab_namespaces, skip_reason  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -35,6 +36,10 @@ GIB = 1024**3
 # A6000 but not the T4, so a 2-rank job submitted on n2 must run on n0 and n1.
 DEVICES = [[("A100-80GB", 1)], [("RTX-A6000", 1)], [("T4", 1)]]
 JOB_MEM = "20GiB"
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+              "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64,
+              "tie_word_embeddings": False, "attention_dropout": 0.0}
 
 
 def _reason() -> str | None:
@@ -208,6 +213,38 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             wait_until(lambda: _job_state(n2, job_c) == "succeeded", 300, "queued job C to complete")
             log = n2.client("logs", job_c)
             assert "done: loss" in log
+
+            # --- train with no script; rank 0's host is SIGKILLed mid-run: the job resumes from the
+            # last checkpoint its submitter keeps, on the GPUs left, and does every step (issue 12)
+            n0.start()
+            wait_until(lambda: full_mesh(daemons), 240, "n0 back in the mesh")
+            write_corpus(jobdir / "corpus.txt", 32 << 10)
+            (jobdir / "tiny.json").write_text(json.dumps(TINY_LLAMA))
+            n2.client("owner", "busy")  # the submitter's owner keeps its T4: the ranks run elsewhere
+            out = n2.client("run", "--detach", "--json", "--model", str(jobdir / "tiny.json"), "--data",
+                            str(jobdir / "corpus.txt"), "--seq-len", "16", "--global-batch", "8", "--steps",
+                            "600", "--dtype", "fp32", "--checkpoint-every", "20", timeout=120)
+            job_d = str(json.loads(out.strip().splitlines()[-1])["job"])
+
+            def progress() -> dict[str, Any] | None:
+                jobs = json.loads(n2.client("jobs", "--json", check=False) or "{}").get("jobs", [])
+                return next((j for j in jobs if j["id"] == job_d), None)
+
+            first = wait_until(lambda: (j := progress()) and (j.get("progress") or {}).get("step", 0) >= 60
+                               and j, 240, "the trainer job past step 60")
+            host = {ids[n]: d for n, d in zip(names, daemons, strict=True)}[first["ranks"][0]["peer"]]
+            assert host is not n2
+            time.sleep(3)  # a checkpoint copy interval: the last saved step reaches the submitter
+            host.kill()
+            done = wait_until(lambda: (j := progress()) and j["state"] in ("succeeded", "failed") and j,
+                              300, "the trainer job to finish elsewhere")
+            assert done["state"] == "succeeded", done
+            assert done["attempt"] >= 2
+            trained = tmp_path / "trained"
+            n2.client("results", job_d, "--out", str(trained), timeout=120)
+            summary = json.loads(next(trained.rglob("summary.json")).read_text())
+            assert summary["steps_done"] == 600
+            assert summary["resumed_from_steps"] and summary["resumed_from_steps"][0] > 0, summary
         except BaseException:
             for d in [*daemons, intruder]:
                 print(f"===== {d.conf.name} log tail =====\n{d.log_tail(80)}")
