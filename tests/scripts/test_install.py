@@ -54,6 +54,8 @@ def _seed(root: Path) -> Path:
         (etc / f).chmod(0o600)
     if Path("/usr/lib/systemd/system").is_dir():
         shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "usr/local/bin").chmod(0o775)  # an admin's choice the install must leave alone
     venv = root / "srv/venv/bin"
     venv.mkdir(parents=True)
     for exe in ("python", "frenzyd", "frenzy-client"):
@@ -118,7 +120,7 @@ def test_install_uninstall_round_trip(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert not (root / "etc/systemd/system/frenzyd.service").exists()
     assert not (root / "opt").exists()
-    assert not (root / "usr/local").exists()
+    assert list((root / "usr/local/bin").iterdir()) == []
     assert (root / "etc/frenzy/frenzyd.toml").exists()
     assert (root / "var/lib/frenzy").is_dir()
     assert _ids(root) == (uid, gid)
