@@ -112,6 +112,8 @@ def _enroll(argv: Sequence[str]) -> int:
         print(f"frenzyd enroll: error: {exc}: run it as root (sudo frenzyd enroll ...)", file=sys.stderr)
         return EXIT_ERROR
     who = f"owned by {user}" if owner is not None else "owned by you"
+    if owner is None and os.geteuid() == 0:
+        who += ": no 'frenzy' user here; if frenzyd runs as another user, run again with --owner USER --force"
     print(f"installed node {b.node_name} (id {b.node_id}) of pool {b.pool_id[:16]}… in {dest} ({who}; "
           f"certificate valid until {b.not_after:%Y-%m-%d})")
     print(f"next: set [pool] credentials = \"{dest}\" in the config, then: systemctl restart frenzyd; "
