@@ -244,7 +244,8 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             n2.client("results", job_d, "--out", str(trained), timeout=120)
             summary = json.loads(next(trained.rglob("summary.json")).read_text())
             assert summary["steps_done"] == 600
-            assert summary["resumed_from_steps"] and summary["resumed_from_steps"][0] > 0, summary
+            assert summary["resumed_from_steps"], summary
+            assert summary["resumed_from_steps"][0] > 0, summary
         except BaseException:
             for d in [*daemons, intruder]:
                 print(f"===== {d.conf.name} log tail =====\n{d.log_tail(80)}")
