@@ -30,6 +30,7 @@ are simply not free.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -275,11 +276,13 @@ def _place_model(spec: JobSpec, offers: Sequence[PeerOffer], headroom: float) ->
 
 def marp_plans(
     spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool
-) -> list[JobPlan]:
+) -> Sequence[JobPlan]:
     """MARP's feasible plans (best first, ``source="marp"``) over the offered GPU types; for a
-    built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``)."""
-    from frenzyd.marp.plan_cache import cached_feasible_plans
-    from frenzyd.marp.spec import GpuPool, TrainingSetup
+    built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``).  The same tuple
+    object for the same answer (its conversion is kept by the answer's identity: cached answers
+    are shared objects)."""
+    from frenzyd.marp.plan_cache import cached_plans
+    from frenzyd.marp.spec import TrainingSetup
 
     model = job_model(spec)
     assert spec.seq_len is not None
@@ -288,6 +291,37 @@ def marp_plans(
         global_batch=spec.global_batch, optimizer=spec.optimizer,  # type: ignore[arg-type]
         recompute=spec.recompute, zero=spec.zero,  # type: ignore[arg-type]
     )
+    pools = _pools_of(offers, only_available)
+    if not pools:
+        return ()
+    answer = cached_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
+    hit = _CONVERTED.get(id(answer))
+    if hit is not None and hit[0] is answer:
+        return hit[1]
+    out = tuple(
+        JobPlan(gpu_type=pl.gpu_type, gpus=pl.gpus, dp=pl.dp, tp=pl.tp, pp=pl.pp, zero=pl.zero,
+                micro_batch=pl.micro_batch, grad_accum=pl.grad_accum, bytes_per_gpu=pl.bytes_per_gpu,
+                gpu_memory_bytes=pl.gpu_memory_bytes, step_time_s=pl.step_time_s, source="marp")
+        for pl in answer
+    )
+    _CONVERTED[id(answer)] = (answer, out)
+    while len(_CONVERTED) > 4096:
+        del _CONVERTED[next(iter(_CONVERTED))]
+    return out
+
+
+_CONVERTED: dict[int, tuple[Any, tuple[JobPlan, ...]]] = {}
+_HAS_PLANS: dict[int, tuple[Any, tuple[Plan, ...]]] = {}
+_POOLS: dict[bool, tuple[Sequence[PeerOffer], list[Any]]] = {}
+
+
+def _pools_of(offers: Sequence[PeerOffer], only_available: bool) -> list[Any]:
+    """Per GPU type: count, smallest memory, most on one peer (kept for the last offers list seen)."""
+    from frenzyd.marp.spec import GpuPool
+
+    hit = _POOLS.get(only_available)
+    if hit is not None and hit[0] is offers:
+        return hit[1]
     by_type: dict[str, list[tuple[int, int]]] = {}
     for p in offers:
         counts: dict[str, list[int]] = {}
@@ -302,15 +336,8 @@ def marp_plans(
                 speed=_speed(t), gpus_per_node=max(c for c, _ in rows))
         for t, rows in sorted(by_type.items())
     ]
-    if not pools:
-        return []
-    plans = cached_feasible_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
-    return [
-        JobPlan(gpu_type=pl.gpu_type, gpus=pl.gpus, dp=pl.dp, tp=pl.tp, pp=pl.pp, zero=pl.zero,
-                micro_batch=pl.micro_batch, grad_accum=pl.grad_accum, bytes_per_gpu=pl.bytes_per_gpu,
-                gpu_memory_bytes=pl.gpu_memory_bytes, step_time_s=pl.step_time_s, source="marp")
-        for pl in plans
-    ]
+    _POOLS[only_available] = (offers, pools)
+    return pools
 
 
 def _pack(
@@ -397,13 +424,21 @@ class Schedule:
     pending: tuple[tuple[str, Placement], ...] = ()
 
 
+_TYPE_MEM: dict[int, tuple[Sequence[PeerOffer], dict[str, int]]] = {}
+
+
 def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[JobPlan]:
     assert spec.nproc is not None
     assert spec.mem_per_rank is not None
-    mem: dict[str, int] = {}
-    for p in offers:
-        for g in p.gpus:
-            mem[g.type] = max(mem.get(g.type, 0), g.memory_bytes)
+    hit = _TYPE_MEM.get(0)
+    if hit is not None and hit[0] is offers:
+        mem = hit[1]
+    else:
+        mem = {}
+        for p in offers:
+            for g in p.gpus:
+                mem[g.type] = max(mem.get(g.type, 0), g.memory_bytes)
+        _TYPE_MEM[0] = (offers, mem)
     return [
         JobPlan(gpu_type=t, gpus=spec.nproc, dp=spec.nproc, tp=1, pp=1, zero=0, micro_batch=1, grad_accum=1,
                 bytes_per_gpu=spec.mem_per_rank, gpu_memory_bytes=m, source="declared")
@@ -431,8 +466,13 @@ def _declared_work(
     (at least one step is left); a job that declares none counts as no shorter than the longest
     declared job in the queue (on its fastest plan), so declaring work never makes a job wait
     longer, and jobs that declare none keep their arrival order (HAS's aging)."""
+    fast: dict[int, float] = {}  # by the identity of a plans tuple (alive for the whole call)
+
     def fastest(v: Any) -> float:
-        return min((p.step_time_s for p in v.plans), default=0.0)
+        f = fast.get(id(v.plans))
+        if f is None:
+            f = fast[id(v.plans)] = min((p.step_time_s for p in v.plans), default=0.0)
+        return f
 
     known = [float(k) * fastest(v) for v in views if (k := steps.get(v.job_id)) and fastest(v) > 0]
     longest = max(known, default=1.0)
@@ -472,18 +512,29 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
         params = max(1, (spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
     speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
-    simulated = {g.type for p in matching for g in p.gpus if g.simulated}
-    plans = []
-    for c in cands:
-        base = _has_plan(c)
-        if not base.step_time_s:
-            base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
-        elif spec.stand_in and base.gpu_type in simulated:  # what the stand-in will take there
-            base = replace(base, step_time_s=max(MIN_STAND_IN_STEP_S, base.step_time_s))
-        plans.append(base)
-    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=tuple(plans),
+    memo = isinstance(cands, tuple) and not spec.stand_in  # a stand-in's times depend on the GPUs
+    hit = _HAS_PLANS.get(id(cands)) if memo else None
+    if hit is not None and hit[0] is cands:
+        has_plans = hit[1]
+    else:
+        # only a stand-in needs the simulated types (O(GPUs) per job)
+        simulated = {g.type for p in matching for g in p.gpus if g.simulated} if spec.stand_in else set()
+        plans = []
+        for c in cands:
+            base = _has_plan(c)
+            if not base.step_time_s:
+                base = replace(base, step_time_s=speed.step_time_s(base, _speed(base.gpu_type), 1))
+            elif spec.stand_in and base.gpu_type in simulated:  # what the stand-in will take there
+                base = replace(base, step_time_s=max(MIN_STAND_IN_STEP_S, base.step_time_s))
+            plans.append(base)
+        has_plans = tuple(plans)
+        if memo:
+            _HAS_PLANS[id(cands)] = (cands, has_plans)
+            while len(_HAS_PLANS) > 4096:
+                del _HAS_PLANS[next(iter(_HAS_PLANS))]
+    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=has_plans,
                    speed=speed, total_steps=1.0, remaining_steps=1.0)
-    return view, cands
+    return view, list(cands)
 
 
 def schedule(
@@ -500,11 +551,25 @@ def schedule(
     infeasible: list[tuple[str, str]] = []
     views: list[Any] = []
     candidates: dict[str, list[JobPlan]] = {}
+    by_versions: dict[tuple[str, str], tuple[list[PeerOffer], list[int]]] = {}
+
+    def matching_of(spec: JobSpec) -> tuple[list[PeerOffer], list[int]]:
+        """The offers whose versions match ``spec`` and their GPUs' memory, sorted (once per pass)."""
+        vk = (_py_minor(spec.python_version), spec.torch_version)
+        group = by_versions.get(vk)
+        if group is None:
+            ms = [p for p in offers if versions_match(spec, p)]
+            group = by_versions[vk] = (ms, sorted(g.memory_bytes for p in ms for g in p.gpus))
+        return group
+
     for q in queue:
-        matching = [p for p in offers if versions_match(q.spec, p)]
+        matching, mems = matching_of(q.spec)
         try:
-            place(q.spec, offers, headroom=headroom)  # raises when it can never fit
             view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom)
+            model = _is_model(q.spec)
+            if not matching or (model and not cands) or (not model and len(mems) - bisect.bisect_left(
+                    mems, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1)):
+                place(q.spec, offers, headroom=headroom)  # raises when it can never fit (with why)
         except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
             infeasible.append((q.job_id, str(exc)))
             continue
@@ -531,7 +596,7 @@ def schedule(
         gpus = [by_key.get(g) for g in r.gpus]
         if not _is_model(r.spec) or any(g is None or g.available for g in gpus) or not r.gpus:
             continue  # not HAS's to move (a script), or its peer's report does not show it running
-        matching = [p for p in offers if versions_match(r.spec, p)]
+        matching = matching_of(r.spec)[0]
         try:
             view, cands = _job_view(r.spec, r.job_id, r.started_s, matching, headroom=headroom)
         except FrenzyError:
@@ -600,12 +665,20 @@ def schedule(
         why.setdefault(j, "moved to a new plan by the scheduler")
     # Declared jobs HAS could not place on one type: a mix of types may hold them now.
     placed = {j for j, _ in start} | {j for j, _ in pending} | {j for j, _ in infeasible}
+    rest: list[PeerOffer] | None = None
+    free_now: list[int] = []
     for q in queue:
         if q.job_id in placed or _is_model(q.spec):
             continue
-        rest = [_without(p, taken) for p in offers]
+        if rest is None:
+            rest = [_without(p, taken) for p in offers]
+            # every version's GPUs: an upper bound of what place() may take, so a skip is safe
+            free_now = sorted(g.free_bytes for p in rest for g in p.gpus if g.available)
+        if len(free_now) - bisect.bisect_left(free_now, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1):
+            continue
         mixed = place(q.spec, rest, headroom=headroom)
         if mixed is not None:
+            rest = None
             mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))

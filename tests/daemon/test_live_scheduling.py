@@ -111,12 +111,13 @@ async def test_a_job_whose_gpu_owner_returns_resumes_on_another_node_from_its_su
     rec = c.orch.store.get(job.id)
     assert rec.ranks[0].peer == other.nid
     meta = c.orch.store.checkpoint_meta(job.id)
-    assert meta is not None
-    assert meta["attempt"] == 1
-    assert meta["step"] >= 5
+    assert meta is not None  # (by now attempt 2's own copies may have replaced attempt 1's)
     steps = steps_of(c, job.id)
     resumed_at = min(s for a, s in steps if a >= 2)
-    assert resumed_at == meta["step"] + 1, (meta, steps[-5:])  # from the kept checkpoint, not step 0
+    stopped_at = max(s for a, s in steps if a == 1)
+    # from attempt 1's checkpoint (the one its stop wrote, or an earlier one), not from step 0
+    assert resumed_at > 5, steps[-5:]
+    assert resumed_at <= stopped_at + 1
     assert not (pool.tmp / other.nid / "runs" / job.id / "a1").exists()  # not a local leftover
     await c.orch.submitter.cancel(job.id)
     await asyncio.sleep(0.5)
