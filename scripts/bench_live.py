@@ -53,7 +53,7 @@ memory); the live daemons get it through ``--as-daemon``, which runs the real
 
 Prints a table and writes JSON (provenance, calibration, the slice and its
 rule, per-job live and simulated JCTs, late steps, preemptions, targets).
-``--tiny`` (CI): 5 jobs, both policies, the committed calibration, < 6 min.
+``--tiny`` (CI): 3 jobs at offered load 1, both policies, the committed calibration, < 6 min.
 """
 
 from __future__ import annotations
@@ -97,7 +97,12 @@ MAPPING = "gpus"
 MAX_SIM_MAKESPAN_S = 25 * 60.0
 """A slice is taken only if both policies finish it within this in the simulator (the live run of each
 policy must stay under 30 minutes)."""
-MAX_SIM_MAKESPAN_TINY_S = 150.0
+MAX_SIM_MAKESPAN_TINY_S = 120.0
+TINY_LOAD = 1.0
+TINY_FIRST_SEED = 36
+"""Where ``--tiny`` starts its scan: seeds 0-35 fail its rule (scanned once, 4 minutes on the 2-core
+machine, too long for CI); the rule is still checked on the seed it takes."""
+"""``--tiny`` is a smoke test of the whole path within CI's 6 minutes: 3 jobs at offered load 1."""
 SIM_LIMIT_S = 6 * 3600.0
 """A simulated run stops here (jobs still queued count as unfinished): ticking every second, a job no
 policy places would otherwise keep the simulator going for its default year."""
@@ -108,6 +113,7 @@ HEARTBEAT_S = 0.5
 PEER_TIMEOUT_S = 8.0
 LATE_FACTOR = 1.5
 CORPUS_BYTES = 64 << 10
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # --- FIFO as both sides can run it -----------------------------------------------------------
@@ -345,18 +351,18 @@ def sim_summary(res: Any) -> dict[str, Any]:
 
 
 def pick_slice(n: int, makespan_s: float, model: Any, *, strict: bool, max_makespan_s: float,
-               max_seeds: int = 60, log: Any = print
+               load: float = LOAD, first_seed: int = 0, max_seeds: int = 60, log: Any = print
                ) -> tuple[int, list[LiveJob], dict[str, Any], list[dict[str, Any]]]:
     """The first seed whose slice meets the conditions (module docstring, step 2)."""
     rejected: list[dict[str, Any]] = []
-    for seed in range(max_seeds):
+    for seed in range(first_seed, max_seeds):
         raw = candidates(seed, n)
         if raw is None:
             rejected.append({"seed": seed, "why": f"fewer than {n} jobs fit the pool"})
             continue
-        scaled = scale(raw, makespan_s)
+        scaled = scale(raw, makespan_s, load)
         if scaled is None:
-            rejected.append({"seed": seed, "why": f"offered load {LOAD} unreachable under the per-job cap"})
+            rejected.append({"seed": seed, "why": f"offered load {load} unreachable under the per-job cap"})
             continue
         jobs = scaled
         sims = {p: sim_summary(simulate(jobs, p, model)) for p in ("frenzy", "fifo")}
@@ -451,7 +457,8 @@ def request(j: LiveJob, workdir: Path) -> dict[str, Any]:
 
 @dataclass
 class Tracker:
-    """What polling the daemons' job lists learns: each attempt's plan and when it was first seen."""
+    """What polling the daemons' job lists learns: each attempt's plan, and each job's state (a
+    terminal state, which only its submitter reports, is kept: other daemons' soft views may lag)."""
 
     plans: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)
@@ -459,7 +466,8 @@ class Tracker:
     def see(self, summaries: Sequence[dict[str, Any]]) -> None:
         for s in summaries:
             jid = str(s.get("id"))
-            self.states[jid] = str(s.get("state"))
+            if self.states.get(jid) not in TERMINAL:
+                self.states[jid] = str(s.get("state"))
             att = s.get("attempt")
             if s.get("plan") and isinstance(att, int) and att > 0:
                 self.plans.setdefault((jid, att), dict(s["plan"]))
@@ -551,7 +559,7 @@ async def replay(jobs: Sequence[LiveJob], policy_name: str, base: Path, limit_s:
         last_note = 0.0
         while True:
             live = {jid: tracker.states.get(rid) for jid, rid in ids.items()}
-            left = [jid for jid, s in live.items() if s not in ("succeeded", "failed", "cancelled")]
+            left = [jid for jid, s in live.items() if s not in TERMINAL]
             if not left:
                 break
             if time.time() > deadline:
@@ -797,15 +805,17 @@ async def amain(args: argparse.Namespace) -> int:
         write_results(args.out, doc, prov)
         return 0
     model = model_from(cal)
-    n = args.jobs or (4 if args.tiny else 24)
+    n = args.jobs or (3 if args.tiny else 24)
+    load = TINY_LOAD if args.tiny else LOAD
     makespan = args.makespan_s or (60.0 if args.tiny else 15 * 60.0)
     longest = MAX_SIM_MAKESPAN_TINY_S if args.tiny else MAX_SIM_MAKESPAN_S
     seed, jobs, sims_planned, rejected = pick_slice(n, makespan, model, strict=not args.tiny,
-                                                    max_makespan_s=longest)
+                                                    max_makespan_s=longest, load=load,
+                                                    first_seed=TINY_FIRST_SEED if args.tiny else 0)
     doc["slice"] = {
         "rule": f"first seed of the '{SPLIT}' split (windows of sim.trace.split_window, {SAMPLE} jobs "
                 f"each), mapping '{MAPPING}', whose first {n} pool-fitting jobs, scaled to offered load "
-                f"{LOAD} and a {makespan:.0f} s makespan target, finish in the simulator within "
+                f"{load} and a {makespan:.0f} s makespan target, finish in the simulator within "
                 f"{longest:.0f} s"
                 + ("" if args.tiny else " with Frenzy >= 10 % ahead of FIFO and >= 3 preemptions"),
         "seed": seed, "rejected": rejected, "offered_load": offered_load(jobs),
@@ -819,7 +829,7 @@ async def amain(args: argparse.Namespace) -> int:
     live: dict[str, dict[str, Any]] = {}
     sim: dict[str, dict[str, Any]] = {}
     runs: dict[str, Any] = {}
-    limit = args.limit_s or (170.0 if args.tiny else 30 * 60.0)
+    limit = args.limit_s or (130.0 if args.tiny else 30 * 60.0)
     for p in ("frenzy", "fifo"):
         run = await replay(jobs, p, base / p, limit)
         runs[p] = run
@@ -852,12 +862,12 @@ def resimulate(doc: dict[str, Any], cal: dict[str, Any]) -> tuple[dict[str, Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tiny", action="store_true", help="CI size: 5 jobs, committed calibration, < 6 min")
+    ap.add_argument("--tiny", action="store_true", help="CI size: 3 jobs, committed calibration, < 6 min")
     ap.add_argument("--calibrate", action="store_true", help="only measure the preemption costs")
-    ap.add_argument("--jobs", type=int, default=0, help="jobs in the slice (default 24; tiny 5)")
+    ap.add_argument("--jobs", type=int, default=0, help="jobs in the slice (default 24; tiny 3)")
     ap.add_argument("--makespan-s", type=float, default=0.0, help="target makespan (default 900; tiny 90)")
     ap.add_argument("--limit-s", type=float, default=0.0,
-                    help="cancel what is left after this (default 1800; tiny 150)")
+                    help="cancel what is left after this (default 1800; tiny 130)")
     ap.add_argument("--calibration", type=Path, help="the JSON of an earlier --calibrate run to use")
     ap.add_argument("--out", type=Path, default=Path("bench-results/live.json"))
     ap.add_argument("--resim", type=Path, metavar="JSON",

@@ -160,3 +160,12 @@ def test_the_slice_is_scaled_to_the_offered_load_with_every_job_at_least_min_ste
     assert min(j.steps for j in jobs) >= bl.MIN_STEPS
     assert max(j.arrival_s for j in jobs) == pytest.approx(300.0)
     assert all(j.steps * bl.fastest(j)[0] <= 300.0 + bl.fastest(j)[0] for j in jobs)  # the per-job cap
+
+
+def test_the_tracker_keeps_a_terminal_state_and_the_first_plan_of_each_attempt() -> None:
+    t = bl.Tracker()
+    t.see([{"id": "j", "state": "running", "attempt": 1, "plan": {"step_time_s": 1.0}}])
+    t.see([{"id": "j", "state": "succeeded", "attempt": 1, "plan": {"step_time_s": 2.0}}])
+    t.see([{"id": "j", "state": "running", "attempt": 1}])  # a coordinator's lagging soft view
+    assert t.states == {"j": "succeeded"}
+    assert t.plans == {("j", 1): {"step_time_s": 1.0}}
