@@ -272,6 +272,9 @@ class CoordinatorRole:
                     raise LaunchError(f"peer {p[:12]} refused the launch: {ack.reason}")
             current = self.table.get(rec.id)
             if current is not None and current.state == "queued":
+                # The attempt runs from now (every launch acknowledged): jobs.min_run_s counts from here,
+                # not from the placement decision before the payload and checkpoint were fetched.
+                running = replace(running, started_at=self.ctx.clock())
                 self.table.update(running)
                 log.info("job %s placed on %s (term %d)", rec.id,
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)

@@ -641,15 +641,21 @@ def schedule(
                     for c, hg in zip(chosen, pl.gpus, strict=True) if hg not in waits)
         if not ready or (pl.job_id in running_ids and pl.job_id not in preempted):
             continue  # HAS proposed a move the daemon does not make (see module docstring)
+        shape = (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero)
+        cands = candidates[pl.job_id]
+        match = next((c for c in cands if (c.gpu_type, c.gpus, c.tp, c.pp, c.zero) == shape), None)
+        exact = match is not None
+        if match is None:  # a policy's own plan (fifo's user plan): MARP's best of that type and size
+            match = next((c for c in cands if (c.gpu_type, c.gpus) == shape[:2]), None)
+        if match is None:
+            continue  # nothing the job's ranks can run on those GPUs
         groups: dict[str, list[OfferedGpu]] = {}
         for hg in pl.gpus:
             groups.setdefault(hg.peer, []).append(by_key[(hg.peer, hg.index)])
         ordered = [(peer_of[n], gs) for n, gs in groups.items()]
         taken.update(og.uuid for _, gs in ordered for og in gs)
-        match = next(c for c in candidates[pl.job_id] if (c.gpu_type, c.gpus, c.tp, c.pp, c.zero)
-                     == (pl.plan.gpu_type, pl.plan.gpus, pl.plan.tp, pl.plan.pp, pl.plan.zero))
         # A declared job's step time is the speed model's assumption, not a prediction: not shown.
-        step = pl.plan.step_time_s if match.source == "marp" else None
+        step = (pl.plan.step_time_s if exact else match.step_time_s) if match.source == "marp" else None
         plan = replace(match, step_time_s=step, policy=policy.name, peers=len(ordered),
                        backend=_backend([og for _, gs in ordered for og in gs]))
         placement = Placement(plan, _number(ordered))

@@ -262,3 +262,22 @@ def test_schedule_preempts_a_long_running_job_for_a_short_one_and_keeps_its_gpus
     shown_free = schedule([], [peer("b", [("T4", 16, True)])], now_s=100.0, running=running,
                           policy=FrenzyPolicy(min_run_s=2.0))
     assert shown_free.preempt == ()
+
+
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "tiresias"])
+def test_every_live_policy_places_a_trainer_job(policy: str) -> None:
+    """jobs.policy = fifo crashed the pass (StopIteration): its user plan (ZeRO-3 on the requested
+    GPUs) is not among the trainer's MARP plans.  A policy's own plan shape now runs as MARP's best
+    plan of that GPU type and count."""
+    from frenzyd.has.registry import load_policy
+
+    spec = JobSpec(argv=(), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                   torch_version="2.13.0", model="gpt2", seq_len=1024, global_batch=16, steps=10,
+                   dtype="bf16-mixed", trainer=True, data_name="corpus.txt")
+    offers = [peer("a", [("A100-80GB", 80, True)])]
+    sched = schedule([q("j", spec)], offers, now_s=0.0, policy=load_policy(policy))
+    (job, pl), = sched.start
+    assert job == "j"
+    assert pl.plan.source == "marp"
+    assert pl.plan.policy == policy
+    assert len(pl.ranks) == pl.plan.gpus == pl.plan.dp * pl.plan.tp * pl.plan.pp
