@@ -29,11 +29,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _amain(config_path: Path) -> None:
+async def _amain(config_path: Path, verbose: int = 0) -> None:
+    from frenzyd import logs
     from frenzyd.config import load_config
     from frenzyd.daemon import Daemon
 
     config = load_config(config_path, os.environ)
+    # From here on, lines take the config's format ([log] format = "json": one object per event).
+    logs.configure(config.log.format, logging.DEBUG if verbose else logs.LEVELS[config.log.level],
+                   timestamps=not os.environ.get("INVOCATION_ID"))
     daemon = Daemon(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -126,14 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["enroll"]:
         return _enroll(argv[1:])
     args = _parser().parse_args(argv)
-    # Under systemd the journal adds timestamps; elsewhere keep them.
-    fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else \
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1), format=fmt, stream=sys.stderr)
-    for noisy in ("aiohttp.access", "zeroconf"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from frenzyd import logs
+
+    # Until the config is read: text lines. Under systemd the journal adds timestamps.
+    logs.configure("text", logging.DEBUG if args.verbose else logging.INFO,
+                   timestamps=not os.environ.get("INVOCATION_ID"))
     try:
-        asyncio.run(_amain(args.config))
+        asyncio.run(_amain(args.config, args.verbose))
     except FrenzyError as exc:
         return _report(exc)
     except BaseExceptionGroup as group:

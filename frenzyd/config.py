@@ -125,6 +125,14 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "(counted, never persisted); the first term heard after start is taken as it is",
     ),
     (
+        "log",
+        "format",
+        '"text"',
+        '`"text"` (lines for a person) or `"json"` (one object per event: ts, level, logger, msg, job_id, '
+        'attempt, exc) for a log pipeline',
+    ),
+    ("log", "level", '"info"', '`"debug"`, `"info"`, `"warning"` or `"error"`; `frenzyd -v` means `"debug"`'),
+    (
         "devices",
         "type",
         "required",
@@ -408,6 +416,12 @@ class ElectionSection:
 
 
 @dataclass(frozen=True)
+class LogSection:
+    format: str = "text"
+    level: str = "info"
+
+
+@dataclass(frozen=True)
 class DeviceDecl:
     type: str
     count: int = 1
@@ -474,13 +488,14 @@ class Config:
     owner: OwnerSection
     jobs: JobsSection = JobsSection()
     election: ElectionSection = ElectionSection()
+    log: LogSection = LogSection()
     source: Path | None = None
 
 
 # --- loading --------------------------------------------------------------------------------
 
 _SECTIONS: Final = ("node", "network", "pool", "client", "web", "devices", "timing", "launcher", "owner",
-                    "jobs", "election")
+                    "jobs", "election", "log")
 
 
 class _Section:
@@ -716,6 +731,8 @@ def config_from_dict(
         max_connections=wb.int_("max_connections", 64, 1, 1 << 20),
     )
     election = ElectionSection(max_term_jump=tables["election"].int_("max_term_jump", 1000, 1, 1 << 40))
+    log = LogSection(format=_choice(tables["log"], "format", ("text", "json"), "text"),
+                     level=_choice(tables["log"], "level", ("debug", "info", "warning", "error"), "info"))
 
     devices = _devices(raw.get("devices", []))
 
@@ -799,8 +816,17 @@ def config_from_dict(
         owner=owner,
         jobs=jobs,
         election=election,
+        log=log,
         source=source,
     )
+
+
+def _choice(section: _Section, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = section.str_(key, default) or default
+    if value not in allowed:
+        raise ConfigError(f"[{section.name}] {key} = {value!r}: expected one of "
+                          + ", ".join(f'"{a}"' for a in allowed))
+    return value
 
 
 def _frame_caps(section: _Section) -> tuple[tuple[str, int], ...]:

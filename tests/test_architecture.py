@@ -37,7 +37,7 @@ AT_IMPORT_EXEMPT = {"frenzyd.marp.trace.dist": {"socket", "threading"}}
 # architecture section shows the same table.  Top-level modules: ``errors``, ``gpu_types``,
 # ``payload`` (the job archive format the client and the daemon share), ``config`` (leaf modules),
 # ``daemon`` and ``__main__`` (the composition root: anything).
-LEAVES = {"frenzyd.errors", "frenzyd.gpu_types", "frenzyd.payload"}
+LEAVES = {"frenzyd.errors", "frenzyd.gpu_types", "frenzyd.logs", "frenzyd.payload"}
 ALLOWED: dict[str, set[str]] = {
     "frenzyd.marp": set(),
     "frenzyd.has": {"frenzyd.marp"},

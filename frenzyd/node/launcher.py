@@ -396,7 +396,8 @@ class Launcher:
             assert stream is not None
             handle._pumps.append(asyncio.create_task(_pump(spec.rank, stream_name, stream, on_output)))
         self._ranks.setdefault(spec.run_key, []).append(handle)
-        log.info("job %s: rank %d started (pid %d)", spec.run_key, spec.rank, proc.pid)
+        log.info("job %s attempt %d: rank %d started (pid %d)", spec.job_id, spec.attempt, spec.rank,
+                 proc.pid)
         return handle
 
     def ranks(self, job_id: str, attempt: int) -> list[RankHandle]:
@@ -428,7 +429,8 @@ class Launcher:
                 _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
             if pending:
                 await asyncio.wait(pending, timeout=10.0)
-            log.info("job %s: cancelled %d rank(s)", run, len(handles))
+            job_id, _, attempt = run.rpartition(".a")
+            log.info("job %s attempt %s: cancelled %d rank(s)", job_id, attempt, len(handles))
         await self._stop_store(run)
         await self._unsupervise(run)
 
