@@ -211,3 +211,176 @@ class Heartbeat(Body):
             coordinator=body.get("coordinator"),
             report=HeartbeatReport.from_dict(body.get("report") or {}),
         )
+
+
+# --- membership (SWIM): who is in the pool, spread by gossip with bounded fan-out ----------------
+
+MEMBER_STATES: Final = ("alive", "suspect", "dead", "left")
+"""A member's state in gossip, by its code on the wire (the index)."""
+MAX_UPDATES: Final = 64
+"""Most membership entries one ping, ping-req or ack may carry."""
+MAX_SYNC_ENTRIES: Final = 8192
+"""Most entries one full-state sync may carry (a pool of this many members)."""
+MAX_ENTRY_TEXT: Final = 256
+"""Longest node id, name or address an entry may carry."""
+SYNC_MAX_BYTES: Final = 2 * 1024 * 1024
+MAX_SEQ: Final = 1 << 62
+
+
+def _text(key: str, value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_ENTRY_TEXT:
+        raise FrameRejected("schema", f"member.{key}: not a string of at most {MAX_ENTRY_TEXT} characters")
+    return value
+
+
+def _opt_text(key: str, value: object) -> str | None:
+    return None if value is None else _text(key, value)
+
+
+def _int(key: str, value: object, hi: int, lo: int = 0) -> int:
+    if not _is_int(value, lo, hi):
+        raise FrameRejected("schema", f"member.{key}: not an integer in range")
+    assert isinstance(value, int)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEntry:
+    """What gossip says about one member: who it is, where, its election view, and its state at an
+    incarnation (only the member itself raises its incarnation: to refute a suspicion or to say its
+    view changed).  On the wire a list ``[node_id, name, address, priority, incarnation, state,
+    term, coordinator]``, ``state`` a code of :data:`MEMBER_STATES`."""
+
+    node_id: str
+    name: str
+    address: str
+    priority: int
+    incarnation: int
+    state: int
+    term: int
+    coordinator: str | None = None
+
+    @property
+    def state_name(self) -> str:
+        return MEMBER_STATES[self.state]
+
+    def to_wire(self) -> list[Any]:
+        return [self.node_id, self.name, self.address, self.priority, self.incarnation, self.state,
+                self.term, self.coordinator]
+
+    @classmethod
+    def from_wire(cls, value: object) -> Self:
+        """Check and take an entry from the wire; raise :class:`FrameRejected` (``schema``)."""
+        if not isinstance(value, list | tuple) or len(value) < 8:
+            raise FrameRejected("schema", "member: not a list of 8 fields")
+        node_id, name, address, priority, incarnation, state, term, coordinator = value[:8]
+        nid = _text("node_id", node_id)
+        if not nid:
+            raise FrameRejected("schema", "member.node_id: empty")
+        return cls(
+            node_id=nid,
+            name=_text("name", name),
+            address=_text("address", address),
+            priority=_int("priority", priority, 1 << 31, -(1 << 31)),
+            incarnation=_int("incarnation", incarnation, MAX_SEQ),
+            state=_int("state", state, len(MEMBER_STATES) - 1),
+            term=_int("term", term, MAX_SEQ),
+            coordinator=_opt_text("coordinator", coordinator),
+        )
+
+
+def _entries(value: object, cap: int) -> tuple[MemberEntry, ...]:
+    if not isinstance(value, list | tuple):
+        raise FrameRejected("schema", "membership updates: not a list")
+    if len(value) > cap:
+        raise FrameRejected("schema", f"membership updates: {len(value)} entries > {cap}")
+    return tuple(MemberEntry.from_wire(v) for v in value)
+
+
+def _seq(value: object) -> int:
+    if not _is_int(value, 0, MAX_SEQ):
+        raise FrameRejected("schema", "seq: not an integer in range")
+    assert isinstance(value, int)
+    return value
+
+
+@message("swim.ping", {"seq": int, "src": list, "updates": list})
+@dataclass(frozen=True, slots=True)
+class SwimPing(Body):
+    """A probe: the receiver answers ``swim.ack`` with the same ``seq``.  ``src`` is the sender's own
+    entry; ``updates`` the membership changes it piggybacks."""
+
+    seq: int
+    src: MemberEntry
+    updates: tuple[MemberEntry, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"seq": self.seq, "src": self.src.to_wire(), "updates": [u.to_wire() for u in self.updates]}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(_seq(body["seq"]), MemberEntry.from_wire(body["src"]),
+                   _entries(body["updates"], MAX_UPDATES))
+
+
+@message("swim.ping_req", {"seq": int, "src": list, "target": str, "target_address": str, "updates": list})
+@dataclass(frozen=True, slots=True)
+class SwimPingReq(Body):
+    """Ask the receiver to probe ``target`` (at ``target_address``) and forward its ack with ``seq``."""
+
+    seq: int
+    src: MemberEntry
+    target: str
+    target_address: str
+    updates: tuple[MemberEntry, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"seq": self.seq, "src": self.src.to_wire(), "target": self.target,
+                "target_address": self.target_address, "updates": [u.to_wire() for u in self.updates]}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(_seq(body["seq"]), MemberEntry.from_wire(body["src"]), _text("target", body["target"]),
+                   _text("target_address", body["target_address"]),
+                   _entries(body["updates"], MAX_UPDATES))
+
+
+@message("swim.ack", {"seq": int, "src": list, "of": str, "updates": list})
+@dataclass(frozen=True, slots=True)
+class SwimAck(Body):
+    """The answer to a ping (``of`` = the node probed: the sender itself, or the target of a ping-req
+    whose ack the sender forwards)."""
+
+    seq: int
+    src: MemberEntry
+    of: str
+    updates: tuple[MemberEntry, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"seq": self.seq, "src": self.src.to_wire(), "of": self.of,
+                "updates": [u.to_wire() for u in self.updates]}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(_seq(body["seq"]), MemberEntry.from_wire(body["src"]), _text("of", body["of"]),
+                   _entries(body["updates"], MAX_UPDATES))
+
+
+@message("swim.sync", {"src": list, "entries": list, "reply": bool}, max_bytes=SYNC_MAX_BYTES)
+@dataclass(frozen=True, slots=True)
+class SwimSync(Body):
+    """Full-state exchange (a join through a seed or an mDNS-found address, or a partition healing):
+    the sender's whole member list; ``reply`` asks the receiver to answer with its own."""
+
+    src: MemberEntry
+    entries: tuple[MemberEntry, ...]
+    reply: bool
+
+    def to_body(self) -> dict[str, Any]:
+        return {"src": self.src.to_wire(), "entries": [e.to_wire() for e in self.entries],
+                "reply": self.reply}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(MemberEntry.from_wire(body["src"]), _entries(body["entries"], MAX_SYNC_ENTRIES),
+                   bool(body["reply"]))

@@ -37,6 +37,7 @@ from frenzyd.jobs.messages import (
     StateAck,
 )
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record
+from frenzyd.net import messages as swim
 from frenzyd.net import wire
 from frenzyd.net.messages import Heartbeat, HeartbeatReport
 
@@ -71,7 +72,13 @@ def frames() -> dict[str, bytes]:
     enc = wire.encode_message
     launch = JobLaunch(run.id, 1, 3, run, "10.0.0.1", master_port=0, start_store=True, backend="gloo")
     stop = enc(JobStop(run.id, 1, 3))
+    member = swim.MemberEntry("n" * 64, "ws-01", "10.0.0.1:7470", 2, 1764600000, 0, 3, "c" * 64)
+    other = swim.MemberEntry("m" * 64, "ws-02", "10.0.0.2:7470", 0, 1764600001, 1, 3, None)
     return {
+        "swim.ping": enc(swim.SwimPing(41, member, (other,))),
+        "swim.ping_req": enc(swim.SwimPingReq(42, member, "m" * 64, "10.0.0.2:7470", ())),
+        "swim.ack": enc(swim.SwimAck(41, other, "m" * 64, (member,))),
+        "swim.sync": enc(swim.SwimSync(member, (member, other), True)),
         "heartbeat": enc(Heartbeat("n" * 64, "ws-01", "10.0.0.1:7470", 2, 3, "c" * 64,
                                    HeartbeatReport.from_dict(report))),
         "heartbeat.bare": enc(Heartbeat("n" * 64, "ws-01", "10.0.0.1:7470", 0, 0, None,
