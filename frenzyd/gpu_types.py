@@ -99,9 +99,50 @@ def canonical_type(nvml_name: str, memory_bytes: int) -> str:
     return re.sub(r"\s+", "-", cleaned) or "unknown-gpu"
 
 
+MIG_INDEX_BASE = 1000
+"""MIG instances are numbered ``MIG_INDEX_BASE + 10 * parent index + slot`` in a node's report, so
+they never collide with a whole GPU's CUDA index (a GPU has at most 7 instances)."""
+
+_MIG_TYPE = re.compile(r"^(?P<parent>.+)-MIG-(?P<slices>[1-7])g\.(?P<gb>\d+)gb$")
+MIG_COMPUTE_SLICES = 7
+"""Compute slices of an A100/H100/H200 in MIG mode: a ``3g`` instance has 3/7 of its SMs."""
+
+
+def mig_index(parent_index: int, slot: int) -> int:
+    """The report index of MIG instance ``slot`` of the GPU at CUDA index ``parent_index``."""
+    return MIG_INDEX_BASE + 10 * parent_index + slot
+
+
+def cuda_device(index: int, uuid: str) -> str:
+    """What ``CUDA_VISIBLE_DEVICES`` names the device by: its CUDA index, or a MIG instance's UUID
+    (CUDA addresses MIG instances only by UUID, and one process sees at most one of them)."""
+    return uuid if index >= MIG_INDEX_BASE else str(index)
+
+
+def is_mig_type(name: str) -> bool:
+    """``PARENT-MIG-<g>g.<gb>gb`` (the inventory's name for a MIG instance's type)."""
+    return _MIG_TYPE.match(name) is not None
+
+
+def known_type(name: str) -> GpuTypeInfo | None:
+    """The table row for ``name``; for a MIG instance of a known GPU, its parent's speed and peak
+    scaled by its share of the compute slices (``assumed``: not measured), with the profile's
+    memory; None for a type neither the table nor a MIG profile describes."""
+    info = GPU_TYPES.get(name)
+    if info is not None:
+        return info
+    m = _MIG_TYPE.match(name)
+    parent = GPU_TYPES.get(m.group("parent")) if m else None
+    if m is None or parent is None:
+        return None
+    share = int(m.group("slices")) / MIG_COMPUTE_SLICES
+    return GpuTypeInfo(name, int(m.group("gb")) * GIB, parent.speed * share, parent.peak_tflops * share,
+                       assumed=True)
+
+
 def type_info(name: str, memory_bytes: int | None = None) -> GpuTypeInfo:
     """The table row for ``name``; an unknown type needs its memory and gets the default speed."""
-    info = GPU_TYPES.get(name)
+    info = known_type(name)
     if info is not None:
         return info
     if memory_bytes is None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frenzyd.errors import FrenzyError, InfeasibleError
-from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, GPU_TYPES
+from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, is_mig_type, known_type
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment
 from frenzyd.marp.spec import Plan
 
@@ -187,7 +187,7 @@ def _py_minor(v: str) -> str:
 
 
 def _speed(gpu_type: str) -> float:
-    info = GPU_TYPES.get(gpu_type)
+    info = known_type(gpu_type)
     return info.speed if info is not None else DEFAULT_UNKNOWN_SPEED
 
 
@@ -226,13 +226,21 @@ def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None
     assert spec.nproc is not None
     assert spec.mem_per_rank is not None
     need, mem = spec.nproc, spec.mem_per_rank
-    ever = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem)
+
+    def fits(g: OfferedGpu) -> bool:  # MIG instances only for one-rank jobs (see _pools_of)
+        return g.memory_bytes >= mem and (need == 1 or not is_mig_type(g.type))
+
+    ever = sum(1 for p in offers for g in p.gpus if fits(g))
     if ever < need:
+        mig = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem and is_mig_type(g.type))
+        also = (f" ({mig} MIG instance(s) are left out: a MIG instance runs one-rank jobs only)"
+                if mig and need > 1 else "")
         raise InfeasibleError(
             f"the job needs {need} GPUs with {mem / 2**30:.2f} GiB each; matching peers have only "
-            f"{ever} such GPUs in total: lower --nproc or --mem-per-rank"
+            f"{ever} such GPUs in total{also}: lower --nproc or --mem-per-rank"
         )
-    groups = {p.node_id: [g for g in p.gpus if g.available and g.free_bytes >= mem] for p in offers}
+    groups = {p.node_id: [g for g in p.gpus if g.available and g.free_bytes >= mem and fits(g)]
+              for p in offers}
     chosen = _pack(offers, groups, need, group=1)
     if chosen is None:
         return None
@@ -331,9 +339,12 @@ def _pools_of(offers: Sequence[PeerOffer], only_available: bool) -> list[Any]:
             counts.setdefault(g.type, []).append(g.free_bytes if only_available else g.memory_bytes)
         for t, mems in counts.items():
             by_type.setdefault(t, []).append((len(mems), min(mems)))
+    # A MIG instance runs one rank alone (a process sees one instance; NCCL cannot join instances
+    # of one GPU), so MARP plans a MIG type for one-GPU jobs only.
     pools = [
-        GpuPool(gpu_type=t, count=sum(c for c, _ in rows), memory_bytes=min(m for _, m in rows),
-                speed=_speed(t), gpus_per_node=max(c for c, _ in rows))
+        GpuPool(gpu_type=t, count=1 if is_mig_type(t) else sum(c for c, _ in rows),
+                memory_bytes=min(m for _, m in rows), speed=_speed(t),
+                gpus_per_node=1 if is_mig_type(t) else max(c for c, _ in rows))
         for t, rows in sorted(by_type.items())
     ]
     _POOLS[only_available] = (offers, pools)

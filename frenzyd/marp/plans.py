@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from frenzyd.errors import InfeasibleError
-from frenzyd.gpu_types import GPU_TYPES
+from frenzyd.gpu_types import known_type
 from frenzyd.marp import model as M
 from frenzyd.marp.analytic import DEFAULT_CONSTANTS, AnalyticConstants, predict
 from frenzyd.marp.calibration import Calibration
@@ -77,7 +77,7 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 
 def _peak_flops(pool: GpuPool) -> float:
-    info = GPU_TYPES.get(pool.gpu_type)
+    info = known_type(pool.gpu_type)
     tflops = info.peak_tflops if info is not None else pool.speed * V100_TFLOPS
     return tflops * 1e12
 

@@ -10,7 +10,8 @@ Owner protection is conservative: a GPU is offered only when NVML positively say
 that nothing but Frenzy's ranks and allow-listed processes (``[owner] ignore_processes``,
 display servers by default) run on it.  A process query answering NOT_SUPPORTED, or
 anything else NVML cannot answer, withholds the GPU with the reason shown
-(:func:`withheld_reason`).  MIG instances are devices of their own.
+(:func:`withheld_reason`).  MIG instances are devices of their own, numbered
+``MIG_INDEX_BASE + 10 * parent + slot``, for one-rank jobs (``frenzyd.gpu_types.cuda_device``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,10 @@ from typing import Any, Final, Protocol
 
 from frenzyd.config import DEFAULT_IGNORE_PROCESSES
 from frenzyd.errors import ConfigError, InventoryError
-from frenzyd.gpu_types import GIB, canonical_type, type_info
+from frenzyd.gpu_types import GIB, canonical_type, mig_index, type_info
 
 log = logging.getLogger(__name__)
 
-MIG_NOT_LAUNCHABLE: Final = (
-    "MIG instance: shown, not offered (the launcher addresses GPUs by index; MIG needs "
-    "CUDA_VISIBLE_DEVICES=MIG-UUID)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,8 +359,7 @@ class NvmlBackend(GpuBackend):
                 continue
             mig = MigInfo(parent_uuid, index, self._instance_id(nv.nvmlDeviceGetGpuInstanceId, h),
                           self._instance_id(nv.nvmlDeviceGetComputeInstanceId, h))
-            info = self._info(h, index, uuid, capability, mig, parent_type=parent_type)
-            out.append(replace(info, withheld=info.withheld or MIG_NOT_LAUNCHABLE))
+            out.append(self._info(h, mig_index(index, slot), uuid, capability, mig, parent_type=parent_type))
         return out
 
     def _info(

@@ -17,9 +17,8 @@ import pytest
 
 from frenzyd.config import DEFAULT_IGNORE_PROCESSES
 from frenzyd.errors import InventoryError
-from frenzyd.gpu_types import GIB
+from frenzyd.gpu_types import GIB, mig_index
 from frenzyd.node.inventory import (
-    MIG_NOT_LAUNCHABLE,
     DeclaredBackend,
     Inventory,
     NvmlBackend,
@@ -295,7 +294,9 @@ def test_mig_instances_are_devices_with_their_parent() -> None:
     assert m1.mig.parent_index == 0
     assert m1.compute_capability == "8.0"
     assert m2.foreign_processes == 1
-    assert withheld_reason(m1) == MIG_NOT_LAUNCHABLE
+    assert (m1.index, m2.index, p.index) == (mig_index(0, 0), mig_index(0, 1), 1)
+    assert withheld_reason(m1) is None  # offered: a one-rank job runs on it by its UUID
+    assert "python" in (withheld_reason(m2) or "")
     assert m1.to_json()["mig"]["parent_uuid"] == "GPU-parent"
     assert p.mig is None
     assert withheld_reason(p) is None
