@@ -412,6 +412,14 @@ def render_status(st: Mapping[str, Any], out: TextIO) -> None:
             print(f"    {g['type']:<12} {free}  {g['uuid']}{sim}{cc}{lease}", file=out)
             if g.get("offered") is False and not g.get("leased_to"):
                 print(f"      not offered: {g.get('reason') or 'the owner is using it'}", file=out)
+        la = p.get("launcher") or {}
+        if la.get("runs_as") == "own-user":
+            print(f"    ranks run as {la.get('user')} (no slot accounts), so only {la.get('user')}'s jobs "
+                  f"run here: {la.get('reason')}", file=out)
+        elif la.get("runs_as") == "slots":
+            print(f"    ranks run as slot accounts ({la.get('slots_busy')}/{la.get('slots')} busy)", file=out)
+        if la.get("accept") == "trainer-only":
+            print("    accepts only built-in trainer jobs (no scripts)", file=out)
     for o in st.get("other_versions") or []:
         print(f"  WARNING: member {o['id'][:12]} speaks wire protocol {o['protocol']}, not this node's; "
               "upgrade it (README: Upgrading)", file=out)

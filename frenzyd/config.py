@@ -175,8 +175,51 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "launcher",
         "run_as",
         "none",
-        "run ranks as this unprivileged user (daemon must be root); default: the daemon's user",
+        "old: run every job's ranks as this one user (daemon must be root); slot accounts replace it "
+        "(launcher.slots) and win when they exist",
     ),
+    (
+        "launcher",
+        "accept",
+        "\"any\"",
+        "\"trainer-only\": this machine runs no foreign code, only the built-in trainer (frenzyd.trainer) "
+        "on a job's data: it advertises so, placement puts no script job here and a script launch is "
+        "refused; \"any\": scripts too",
+    ),
+    (
+        "launcher",
+        "slots",
+        "true",
+        "run each job's ranks as a slot account of its own (slot_prefix + 1, 2, ...: scripts/install "
+        "--slots N makes them), one per job running here; needs root or CAP_SETUID/CAP_SETGID/CAP_KILL. "
+        "Without them (or false) ranks run as the daemon's user and only its own user's jobs run here "
+        "(the status says why)",
+    ),
+    ("launcher", "slot_prefix", "\"frenzy-slot\"", "name prefix of the slot accounts"),
+    (
+        "launcher",
+        "execute_dir",
+        "DATA_DIR-execute",
+        "where each job gets its own 0700 directory owned by its slot (removed when the job ends "
+        "here); made 0711; every directory above it must be searchable by others",
+    ),
+    (
+        "launcher",
+        "cgroups",
+        "true",
+        "each job's ranks in their own cgroup v2 (found through /proc/mounts; under systemd the unit's "
+        "Delegate=yes), ended with cgroup.kill; false or no cgroup v2: every process of the job's slot "
+        "account is killed instead",
+    ),
+    (
+        "launcher",
+        "rank_log_bytes",
+        "16777216",
+        "each rank's output is also kept on the machine it runs on (data_dir/launcher/logs), rotated "
+        "past this size (16 MiB); 0: not kept",
+    ),
+    ("launcher", "rank_log_keep", "2", "rotated files kept per rank log"),
+    ("launcher", "rank_log_retention_s", "604800.0", "rank logs older than this are removed (7 days)"),
     (
         "launcher",
         "max_payload_bytes",
@@ -453,6 +496,16 @@ class LauncherSection:
     term_grace_s: float = 10.0
     """``stop_grace_s`` (config key; ``term_grace_s`` is its old name)."""
     env_allow: tuple[str, ...] = ()
+    accept: str = "any"
+    """``any`` or ``trainer-only`` (no foreign code: only frenzyd.trainer on data)."""
+    slots: bool = True
+    slot_prefix: str = "frenzy-slot"
+    execute_dir: Path | None = None
+    """None: ``DATA_DIR-execute`` beside the data directory."""
+    cgroups: bool = True
+    rank_log_bytes: int = 16 * 1024 * 1024
+    rank_log_keep: int = 2
+    rank_log_retention_s: float = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -583,6 +636,25 @@ def _policy_name(name: str) -> str:
     if name not in LIVE_POLICIES:
         raise ConfigError(f"[jobs] policy {name!r}: use one of {', '.join(LIVE_POLICIES)}")
     return name
+
+
+ACCEPT: Final = ("any", "trainer-only")
+"""``[launcher] accept`` values."""
+
+
+def _accept(value: str) -> str:
+    if value not in ACCEPT:
+        raise ConfigError(f"[launcher] accept = {value!r}: use \"any\" (scripts and the built-in trainer) "
+                          "or \"trainer-only\" (no foreign code on this machine)")
+    return value
+
+
+def _slot_prefix(value: str) -> str:
+    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789_-")
+    if not (0 < len(value) <= 25 and set(value) <= allowed and value[0] not in "0123456789-"):
+        raise ConfigError(f"[launcher] slot_prefix = {value!r}: a user name prefix of lowercase letters, "
+                          "digits, '_' and '-' (at most 25), e.g. \"frenzy-slot\"")
+    return value
 
 
 def _path(base: Path, text: str) -> Path:
@@ -777,6 +849,14 @@ def config_from_dict(
         rendezvous_ports=(ports[0], ports[1]),
         term_grace_s=la.float_("stop_grace_s", la.float_("term_grace_s", 10.0)),
         env_allow=la.str_list("env_allow"),
+        accept=_accept(la.str_("accept", "any") or "any"),
+        slots=la.bool_("slots", True),
+        slot_prefix=_slot_prefix(la.str_("slot_prefix", "frenzy-slot") or "frenzy-slot"),
+        execute_dir=_path(base, ex) if (ex := la.str_("execute_dir")) else None,
+        cgroups=la.bool_("cgroups", True),
+        rank_log_bytes=la.int_("rank_log_bytes", 16 * 1024 * 1024, 0, 1 << 40),
+        rank_log_keep=la.int_("rank_log_keep", 2, 0, 100),
+        rank_log_retention_s=la.float_("rank_log_retention_s", 7 * 24 * 3600.0),
     )
     if timing.shutdown_deadline_s < launcher.term_grace_s + 5:
         raise ConfigError(

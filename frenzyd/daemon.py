@@ -37,6 +37,7 @@ from frenzyd.net.election import Change, ElectionState, valid_stored_term
 from frenzyd.net.network import PeerNetwork
 from frenzyd.net.wire import Body
 from frenzyd.node import launcher as launcher_mod
+from frenzyd.node import slots
 from frenzyd.node.inventory import Inventory, open_backend, withheld_reason
 from frenzyd.node.launcher import Launcher, RankSpec
 from frenzyd.node.owner import ALL_GPUS, OwnerPolicy, parse_windows
@@ -207,7 +208,9 @@ class Daemon:
     def _self_report(self) -> dict[str, Any]:
         assert self.orch is not None
         assert self.net is not None
-        return {**self.orch.report(), "name": self.creds.node_name, "address": self.net.address}
+        assert self.launcher is not None
+        return {**self.orch.report(), "name": self.creds.node_name, "address": self.net.address,
+                "launcher": self.launcher.report()}
 
     def view(self) -> ClusterView:
         """The election's coordinator/term and the live peers' latest reports (this node included)."""
@@ -266,6 +269,10 @@ class Daemon:
         except PermissionError as exc:
             raise ConfigError(f"cannot make the data directory {self.data_dir} private (mode 0700): "
                               f"{exc.strerror}; make it owned by the user frenzyd runs as") from exc
+        # Jobs' code runs as other users here: the daemon's secrets must be out of their reach.
+        cred = self.creds.node_key.parent
+        slots.check_secrets([self.creds.node_key, cred / "ca.key", self.data_dir / "client.token",
+                             self.data_dir / "client-tokens.json"])
         lock = lock_data_dir(self.data_dir)
         try:
             await self._run(stop)
@@ -274,9 +281,18 @@ class Daemon:
 
     async def _run(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        self.launcher = Launcher(self.data_dir, cfg.launcher.run_as, cfg.launcher.rendezvous_ports,
-                                 cfg.launcher.term_grace_s, lease_s=cfg.timing.lease_timeout_s,
-                                 env_allow=cfg.launcher.env_allow)
+        la = cfg.launcher
+        self.launcher = Launcher(self.data_dir, la.run_as, la.rendezvous_ports,
+                                 la.term_grace_s, lease_s=cfg.timing.lease_timeout_s,
+                                 env_allow=la.env_allow,
+                                 isolation=slots.isolation(la.slot_prefix, want_slots=la.slots,
+                                                           accept=la.accept),
+                                 cgroups=la.cgroups, execute_dir=la.execute_dir,
+                                 rank_log_bytes=la.rank_log_bytes, rank_log_keep=la.rank_log_keep,
+                                 rank_log_retention_s=la.rank_log_retention_s)
+        log.info("ranks run as %s%s; %s", self.launcher.isolation.mode,
+                 f" ({self.launcher.isolation.reason})" if self.launcher.isolation.reason else "",
+                 self.launcher.isolation.kill)
         self.launcher.reap_leftovers()
         self.inventory = Inventory(open_backend(cfg.devices, cfg.node.name), self.launcher.own_pids,
                                    cfg.owner.ignore_processes)
@@ -415,7 +431,9 @@ class Daemon:
 
     def _report(self) -> dict[str, Any]:
         assert self.orch is not None
-        return {**self.orch.report(), "time": time.time()}  # peers see our clock: doctor's skew check
+        assert self.launcher is not None
+        return {**self.orch.report(), "time": time.time(),  # peers see our clock: doctor's skew check
+                "launcher": self.launcher.report()}  # accept, who ranks run as (placement reads accept)
 
     def _on_change(self, change: Change) -> None:
         with contextlib.suppress(OSError):

@@ -74,6 +74,8 @@ class PeerOffer:
     python_version: str
     torch_version: str
     gpus: tuple[OfferedGpu, ...]
+    trainer_only: bool = False
+    """``[launcher] accept = "trainer-only"``: the peer runs no script job, only the built-in trainer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +109,10 @@ def offers_from_reports(
                 ))
             except (KeyError, TypeError, ValueError):
                 continue
+        la = rep.get("launcher")
         offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
-                                str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus)))
+                                str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
+                                trainer_only=isinstance(la, Mapping) and la.get("accept") == "trainer-only"))
     return offers
 
 
@@ -176,10 +180,11 @@ class SeenInventory:
 
 
 def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:
-    """Ranks run in the peer's Python environment: same Python major.minor and same torch."""
+    """Ranks run in the peer's Python environment: same Python major.minor and same torch; and a
+    script job never goes to a peer that runs only the built-in trainer (``trainer_only``)."""
     return _py_minor(spec.python_version) == _py_minor(peer.python_version) and (
         spec.torch_version == peer.torch_version
-    )
+    ) and (spec.trainer or not peer.trainer_only)
 
 
 def _py_minor(v: str) -> str:
@@ -206,6 +211,8 @@ def place(
             f"no peer matches this job's python {_py_minor(spec.python_version)} / torch "
             f"{spec.torch_version} (peers offer: {', '.join(seen) or 'nothing'}); "
             "submit from a peer with the pool's Python environment"
+            + ("; peers that accept only built-in trainer jobs run no script" if not spec.trainer
+               and any(p.trainer_only for p in offers) else "")
         )
     try:
         if spec.model is not None or spec.model_config is not None:

@@ -203,6 +203,7 @@ class RankHostRole:
         self.retention_s = retention_s
         self._store_done: dict[tuple[str, int], asyncio.Event] = {}
         self.stopping = False
+        self._run_dirs: dict[tuple[str, int], Path] = {}  # attempt -> its directory (Launcher.run_dir)
 
     def _check_coordinator(self, peer: str, term: int) -> None:
         v = self.ctx.view()
@@ -243,7 +244,15 @@ class RankHostRole:
         lease = self.leases.get(job_id, attempt)
         if not mine or lease is None or sorted(r.gpu for r in mine) != sorted(lease.gpus):
             return Ack(False, "the order's ranks do not match this node's lease")
-        run_dir = self.data_dir / "runs" / job_id / f"a{attempt}"
+        try:  # a script on a trainer-only node, another user's job on a node without slot accounts
+            self.launcher.admit(job_id, rec.owner, rec.spec.trainer)
+            # with slot accounts a fresh directory of the attempt's own, removed when it ends here
+            run_dir = self._run_dirs[(job_id, attempt)] = await asyncio.to_thread(
+                self.launcher.run_dir, job_id, attempt, self.data_dir / "runs" / job_id / f"a{attempt}")
+        except (FrenzyError, OSError) as exc:
+            log.warning("job %s attempt %d: refused: %s", job_id, attempt, exc)
+            self.leases.release(job_id, attempt)
+            return Ack(False, str(exc))
         work, outdir = run_dir / "work", run_dir / "output"
         try:
             async def prepare() -> None:
@@ -288,6 +297,8 @@ class RankHostRole:
             self._runs.pop((job_id, attempt), None)
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(job_id, attempt)
+            self._run_dirs.pop((job_id, attempt), None)
+            await asyncio.to_thread(self.launcher.release, job_id, attempt)
             self.leases.release(job_id, attempt)
             return Ack(False, str(exc))
         self.leases.mark_launched(job_id, attempt)
@@ -427,6 +438,9 @@ class RankHostRole:
             log.error("job %s attempt %d: exit report not persisted (%s); delivering it from memory",  # noqa: TRY400
                       run.job_id, run.attempt, exc)
             entry = OutboxEntry(report, run.submitter, self.ctx.clock(), False)
+        # results and checkpoint are in the outbox: the attempt's directory, cgroup and slot go
+        await asyncio.to_thread(self.launcher.release, run.job_id, run.attempt)
+        self._run_dirs.pop(run.key, None)
         self.leases.release(run.job_id, run.attempt)
         self._runs.pop(run.key, None)
         log.info("job %s attempt %d: rank(s) here exited %s", run.job_id, run.attempt, codes)
@@ -445,7 +459,8 @@ class RankHostRole:
     def _checkpoint_part(self, run: RankRun) -> tuple[int, int, bytes, str] | None:
         """This host's part of the attempt's newest complete checkpoint, packed, as
         ``(step, hosts, archive, sha256)`` (None: the ranks here wrote none, or it is too big)."""
-        ckpt = self.data_dir / "runs" / run.job_id / f"a{run.attempt}" / "checkpoints"
+        run_dir = self._run_dirs.get(run.key, self.data_dir / "runs" / run.job_id / f"a{run.attempt}")
+        ckpt = run_dir / "checkpoints"
         done = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()] if ckpt.is_dir() else []
         if not done:
             return None

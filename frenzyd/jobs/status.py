@@ -93,6 +93,8 @@ def build_status(
                 "alive": p.alive,
                 "python": p.report.get("python"),
                 "torch": p.report.get("torch"),
+                # who its ranks run as (slot accounts, or the daemon's user and why) and what it accepts
+                "launcher": dict(la) if isinstance(la := p.report.get("launcher"), Mapping) else None,
                 "seen_by": list(p.seen_by),
                 "clock_offset_s": None if p.clock_offset_s is None else round(p.clock_offset_s, 3),
                 "gpus": [_gpu(g) for g in p.report.get("gpus") or () if isinstance(g, Mapping)],

@@ -20,13 +20,17 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from frenzyd.errors import LaunchError
+from frenzyd.node import slots as slots_mod
 from frenzyd.node import supervisor
+from frenzyd.node.cgroup import CgroupTree, kill_cgroup, open_tree
+from frenzyd.node.slots import Isolation, SlotAccount
 
 # Re-exported (explicitly, for mypy): callers and tests import these from here.
 from frenzyd.payload import pack_dir as pack_dir  # noqa: PLC0414
@@ -41,13 +45,39 @@ OutputCallback = Callable[[int, str, bytes], Awaitable[None] | None]
 TERM_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL on cancel."""
 
-# Runs in the fresh rank process before the real command: arm the parent-death
-# signal (it survives execve), give up if the daemon already died, then exec.
+RANK_LOG_BYTES = 16 * 1024 * 1024
+"""Default cap of one rank's log file on its host before it is rotated (``[launcher] rank_log_bytes``)."""
+RANK_LOG_KEEP = 2
+"""Default number of rotated files kept per rank (``[launcher] rank_log_keep``)."""
+RANK_LOG_RETENTION_S = 7 * 24 * 3600.0
+"""Default age after which rank logs are removed (``[launcher] rank_log_retention_s``)."""
+
+# Runs in the fresh rank process before the real command, as the daemon's user: wait until the
+# daemon has put it in its job's cgroup (argv[2]: the read end of a pipe, -1: no cgroup), take the
+# slot account's identity (argv[3]: "UID:GID:GROUP,GROUP", empty: stay), arm the parent-death signal
+# (a uid change clears it, execve keeps it), give up if the daemon already died, drop every
+# capability when asked (argv[4]; a non-root daemon's ambient capabilities must not reach a job),
+# then exec.  Running this part as the daemon also means the slot needs no access to its Python.
 _RANK_EXEC = (
     "import ctypes,os,signal,sys\n"
-    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "libc=ctypes.CDLL(None,use_errno=True)\n"
+    "gate=int(sys.argv[2])\n"
+    "if gate>=0:\n"
+    "    ok=os.read(gate,1)\n"
+    "    os.close(gate)\n"
+    "    ok==b'1' or os._exit(3)\n"
+    "if sys.argv[3]:\n"
+    "    uid,gid,groups=sys.argv[3].split(':')\n"
+    "    os.setgroups([int(g) for g in groups.split(',') if g])\n"
+    "    os.setresgid(int(gid),int(gid),int(gid))\n"
+    "    os.setresuid(int(uid),int(uid),int(uid))\n"
+    "libc.prctl(1, signal.SIGKILL, 0, 0, 0)\n"
     "os.getppid() == int(sys.argv[1]) or os._exit(3)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "if sys.argv[4]=='1':\n"
+    "    libc.prctl(38,1,0,0,0)\n"  # PR_SET_NO_NEW_PRIVS
+    "    libc.prctl(47,4,0,0,0)\n"  # PR_CAP_AMBIENT_CLEAR_ALL
+    "    libc.capset((ctypes.c_uint32*2)(0x20080522,0),(ctypes.c_uint32*6)())==0 or os._exit(4)\n"
+    "os.execvp(sys.argv[5], sys.argv[5:])\n"
 )
 
 
@@ -78,9 +108,6 @@ class RankSpec:
     socket_ifname: str | None = None
     attempt: int = 1
     """The job's attempt (DESIGN.md §8); the launcher keys processes and files by ``run_key``."""
-    cuda_devices: tuple[str, ...] = ()
-    """``CUDA_VISIBLE_DEVICES`` entries when they are not ``gpu_indices`` (a MIG instance's UUID:
-    ``frenzyd.gpu_types.cuda_device``)."""
 
     @property
     def run_key(self) -> str:
@@ -132,7 +159,7 @@ def rank_env(
             "TORCHELASTIC_RESTART_COUNT": str(max(0, spec.attempt - 1)),
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(spec.cuda_devices or (str(i) for i in spec.gpu_indices)),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
             "FRENZY_JOB_ID": spec.job_id,
             "FRENZY_ATTEMPT": str(spec.attempt),
             "FRENZY_BACKEND": spec.backend,
@@ -176,11 +203,17 @@ def _pgid_members(pgids: set[int]) -> set[int]:
 class RankHandle:
     """A started rank: its pid (= its process group id) and a way to wait for its exit code."""
 
-    def __init__(self, spec: RankSpec, proc: asyncio.subprocess.Process, pid_file: Path) -> None:
+    def __init__(self, spec: RankSpec, proc: asyncio.subprocess.Process, pid_file: Path, *,
+                 launcher: Launcher | None = None, cgroup: Path | None = None,
+                 slot: SlotAccount | None = None) -> None:
         self.spec = spec
         self.proc = proc
         self.pid = proc.pid
         self.pid_file = pid_file
+        self.cgroup = cgroup
+        """The rank's own cgroup (a leaf under its attempt's), None without cgroups."""
+        self.slot = slot
+        self._launcher = launcher
         self._pumps: list[asyncio.Task[None]] = []
         self._exited: asyncio.Future[None] | None = None
         self.returncode: int | None = None
@@ -210,13 +243,20 @@ class RankHandle:
     async def wait(self) -> int:
         """The rank's exit code (negative: killed by that signal), once its output is drained.
 
-        When the rank exits, whatever it left running in its process group is killed (a
-        volunteer's machine keeps no strays, and they would hold the output pipes open).
+        When the rank exits, whatever it left running is killed (a volunteer's machine keeps no
+        strays, and they would hold the output pipes open): its process group, and its cgroup
+        (what left the group with ``setsid`` too).  Without cgroups, a slot account's processes
+        are all killed once every rank of the attempt has exited.
         """
         if self.returncode is not None:
             return self.returncode
         await self._rank_exited()
         _killpg(self.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            await asyncio.to_thread(kill_cgroup, self.cgroup)
+        elif self.slot is not None and self._launcher is not None \
+                and self._launcher.all_exited(self.spec.run_key):
+            await asyncio.to_thread(slots_mod.kill_uid, self.slot.uid)
         code = await self.proc.wait()
         if self._pumps:
             await asyncio.gather(*self._pumps, return_exceptions=True)
@@ -244,20 +284,96 @@ class Launcher:
         lease_s: float = 30.0,
         *,
         env_allow: Iterable[str] = (),
+        isolation: Isolation | None = None,
+        cgroups: bool = True,
+        execute_dir: Path | None = None,
+        rank_log_bytes: int = RANK_LOG_BYTES,
+        rank_log_keep: int = RANK_LOG_KEEP,
+        rank_log_retention_s: float = RANK_LOG_RETENTION_S,
     ) -> None:
         self.env_allow = tuple(env_allow)
         """Names of the daemon's environment ranks get besides ``ENV_ALLOW`` (``[launcher] env_allow``)."""
         self.dir = Path(data_dir) / "launcher"
         self.pid_dir = self.dir / "pids"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = self.dir / "logs"
         self.run_as = run_as
         self.rendezvous_ports = rendezvous_ports
         self.term_grace_s = term_grace_s
         self.lease_s = lease_s
+        self.isolation = isolation or Isolation(
+            "own-user", slots_mod.user_name(os.geteuid()),
+            "[launcher] run_as names one account for every job" if run_as else "no slot accounts configured")
+        """Who ranks run as (:mod:`frenzyd.node.slots`); ``report()`` is the status JSON's ``launcher``."""
+        self.cgroups: CgroupTree | None = None
+        if cgroups:
+            self.cgroups, self.isolation.kill = open_tree(Path(data_dir))
+        else:
+            self.isolation.kill = "[launcher] cgroups = false"
+        if self.cgroups is None:
+            self.isolation.kill += ("; a job is ended by killing every process of its slot account"
+                                    if self.isolation.mode == "slots" else "; a job is ended by killing its "
+                                    "ranks' process groups (a rank that calls setsid escapes)")
+        self.execute_dir = Path(execute_dir) if execute_dir is not None else \
+            Path(data_dir).parent / f"{Path(data_dir).name}-execute"
+        if self.isolation.mode == "slots":
+            slots_mod.check_execute_dir(self.execute_dir)
+        self.rank_log_bytes, self.rank_log_keep = rank_log_bytes, rank_log_keep
+        self.rank_log_retention_s = rank_log_retention_s
         self._ranks: dict[str, list[RankHandle]] = {}
         self._stores: dict[str, asyncio.subprocess.Process] = {}
         self._supervisors: dict[str, asyncio.subprocess.Process] = {}
         self._expired: set[str] = set()  # attempts whose supervisor killed the ranks for the lease
+        self._run_dirs: dict[str, Path] = {}  # attempt -> its directory under execute_dir (slots only)
+        self._handed: set[str] = set()  # attempts whose directory belongs to their slot already
+
+    # ---- who runs what (frenzyd.node.slots) -------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """This node's launcher in its report: ``accept``, ``runs_as`` (``slots`` or ``own-user`` with
+        the ``reason``), how jobs are killed."""
+        return self.isolation.report()
+
+    def admit(self, job_id: str, owner: str | None, trainer: bool) -> None:
+        """LaunchError when this node must not run the job (a script on a trainer-only node; another
+        user's job on a node that cannot switch users)."""
+        self.isolation.admit(job_id, owner, trainer)
+
+    def run_dir(self, job_id: str, attempt: int, default: Path) -> Path:
+        """The attempt's directory: with slot accounts a fresh ``execute_dir/JOB.aN`` (0700; handed to
+        the slot when its first rank starts), else ``default`` (``data_dir/runs/JOB/aN``)."""
+        if self.isolation.mode != "slots":
+            return default
+        run = run_key(job_id, attempt)
+        path = self._run_dirs.get(run)
+        if path is None:
+            path = self.execute_dir / run
+            if path.exists():  # a leftover of an earlier daemon: never reuse its files
+                slots_mod.remove_run_dir(path)
+            path.mkdir(mode=0o700)
+            self._run_dirs[run] = path
+        return path
+
+    def release(self, job_id: str, attempt: int) -> None:
+        """The attempt is over here and its results and checkpoint are in the outbox: kill whatever
+        is left of it, remove its directory and cgroup and free its slot (blocking: call it in a
+        thread)."""
+        self._release(run_key(job_id, attempt))
+
+    def _release(self, run: str) -> None:
+        if self.cgroups is not None:
+            self.cgroups.kill(run)
+        slot = self.isolation.busy.get(run)
+        if slot is not None and self.cgroups is None:
+            slots_mod.kill_uid(slot.uid)
+        path = self._run_dirs.pop(run, None)
+        if path is not None:
+            slots_mod.remove_run_dir(path)
+        self._handed.discard(run)
+        self.isolation.give_back(run)
+        self._prune_logs()
+
+    def _slot_alive(self, slot: SlotAccount) -> bool:
+        return bool(slots_mod.uid_pids(slot.uid))
 
     # ---- lease supervisors (frenzyd.node.supervisor) ----------------------------------------
     async def _supervisor(self, run: str) -> asyncio.subprocess.Process:
@@ -368,39 +484,103 @@ class Launcher:
 
     # ---- ranks -------------------------------------------------------------------------------
     async def launch(self, spec: RankSpec, on_output: OutputCallback | None = None) -> RankHandle:
-        """Start one rank; its stdout/stderr go to ``on_output`` chunk by chunk as they come."""
+        """Start one rank; its stdout/stderr go to ``on_output`` chunk by chunk as they come (and to
+        its rotated log under ``data_dir/launcher/logs``).
+
+        With slot accounts the attempt's first rank takes a free slot and hands the attempt's
+        directory (:meth:`run_dir`) to it; every rank runs as that slot.  With a cgroup tree each
+        rank gets its own cgroup under the attempt's before it runs any of the job's code."""
         if not spec.argv:
             raise LaunchError(f"job {spec.job_id}: empty command; give a script after `run --`")
         if not spec.workdir.is_dir():
             raise LaunchError(f"job {spec.job_id}: workdir {spec.workdir} does not exist")
+        run = spec.run_key
         private_dir(spec.output_dir)
         argv = list(spec.argv)
         if argv[0].endswith(".py"):
             argv.insert(0, sys.executable)
-        kwargs: dict[str, object] = {}
-        if self.run_as:
-            kwargs.update(user=self.run_as, group=None, extra_groups=[])
-        supervisor = await self._supervisor(spec.run_key)
+        env = rank_env(spec, extra_allow=self.env_allow)
+        ident = ""
+        slot = self.isolation.take(run, self._slot_alive)
+        if slot is not None:
+            home = self._run_dirs.get(run)
+            if home is None or not spec.workdir.is_relative_to(home):
+                if run not in self._handed:
+                    self.isolation.give_back(run)
+                raise LaunchError(f"job {run}: its directory {spec.workdir} is not the one the launcher gave "
+                                  "the attempt (Launcher.run_dir)")
+            if run not in self._handed:
+                (home / "tmp").mkdir(exist_ok=True)
+                await asyncio.to_thread(slots_mod.hand_over, home, slot)
+                self._handed.add(run)
+            env.update(HOME=str(home), USER=slot.name, LOGNAME=slot.name, TMPDIR=str(home / "tmp"))
+            ident = f"{slot.uid}:{slot.gid}:{','.join(str(g) for g in slot.groups)}"
+        elif self.run_as:
+            import pwd
+
+            try:
+                pw = pwd.getpwnam(self.run_as)
+            except KeyError:
+                raise LaunchError(f"[launcher] run_as = {self.run_as!r}: no such user") from None
+            ident = f"{pw.pw_uid}:{pw.pw_gid}:{pw.pw_gid}"
+        drop_caps = "1" if ident or os.geteuid() != 0 else "0"
+        supervisor = await self._supervisor(run)
+        cg_path: Path | None = None
+        gate_r = gate_w = -1
+        if self.cgroups is not None:
+            try:
+                if not self.cgroups.path(run).is_dir():
+                    self.cgroups.create(run)
+                cg_path = self.cgroups.path(run) / f"rank{spec.rank}"
+                cg_path.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise LaunchError(f"job {run}: cannot make its cgroup under {self.cgroups.root}: "
+                                  f"{exc}") from exc
+            gate_r, gate_w = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _RANK_EXEC, str(os.getpid()), *argv,
-                cwd=str(spec.workdir), env=rank_env(spec, extra_allow=self.env_allow),
+                sys.executable, "-c", _RANK_EXEC, str(os.getpid()), str(gate_r), ident, drop_caps, *argv,
+                cwd=str(spec.workdir), env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, **kwargs,  # type: ignore[arg-type]
+                start_new_session=True, pass_fds=(gate_r,) if gate_r >= 0 else (),
             )
         except (OSError, ValueError) as exc:
+            for fd in (gate_r, gate_w):
+                if fd >= 0:
+                    os.close(fd)
             raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot start {argv[0]!r}: {exc}") from exc
-        pid_file = self._write_pid(f"{spec.run_key}.rank{spec.rank}", proc.pid)
+        if gate_r >= 0:
+            os.close(gate_r)
+            assert cg_path is not None
+            try:
+                (cg_path / "cgroup.procs").write_text(f"{proc.pid}\n")
+                os.write(gate_w, b"1")
+            except OSError as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise LaunchError(f"job {spec.job_id} rank {spec.rank}: cannot put it in its cgroup "
+                                  f"{cg_path}: {exc}") from exc
+            finally:
+                os.close(gate_w)
+        pid_file = self._write_pid(f"{run}.rank{spec.rank}", proc.pid)
         if supervisor.stdin is not None and not supervisor.stdin.is_closing():
             supervisor.stdin.write(f"watch {proc.pid}\n".encode())  # the rank leads its own group
-        handle = RankHandle(spec, proc, pid_file)
+            if cg_path is not None:
+                supervisor.stdin.write(f"cgroup {cg_path.parent}\n".encode())
+            elif slot is not None:
+                supervisor.stdin.write(f"uid {slot.uid}\n".encode())
+        handle = RankHandle(spec, proc, pid_file, launcher=self, cgroup=cg_path, slot=slot)
+        rank_log = RankLog(self.log_dir / f"{run}.rank{spec.rank}.log", self.rank_log_bytes,
+                           self.rank_log_keep)
         for stream_name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             assert stream is not None
-            handle._pumps.append(asyncio.create_task(_pump(spec.rank, stream_name, stream, on_output)))
-        self._ranks.setdefault(spec.run_key, []).append(handle)
-        log.info("job %s attempt %d: rank %d started (pid %d)", spec.job_id, spec.attempt, spec.rank,
-                 proc.pid)
+            handle._pumps.append(asyncio.create_task(
+                _pump(spec.rank, stream_name, stream, on_output, rank_log)))
+        self._ranks.setdefault(run, []).append(handle)
+        log.info("job %s: rank %d started (pid %d%s)", run, spec.rank, proc.pid,
+                 f", as {slot.name}" if slot is not None else "")
         return handle
 
     def ranks(self, job_id: str, attempt: int) -> list[RankHandle]:
@@ -410,15 +590,43 @@ class Launcher:
         """Drop the bookkeeping of a finished attempt."""
         self._ranks.pop(run_key(job_id, attempt), None)
 
+    def all_exited(self, run: str) -> bool:
+        """Whether every rank of the attempt started here has exited (its pipes may still be open)."""
+        return all(h.proc.returncode is not None for h in self._ranks.get(run, []))
+
     def own_pids(self) -> set[int]:
-        """Every live process Frenzy started (ranks, their children, stores): for owner protection."""
+        """Every live process Frenzy started (ranks, their children, stores): for owner protection.
+        With cgroups and slot accounts this needs no look at other users' /proc entries (systemd's
+        ``ProtectProc=invisible`` hides them)."""
         groups = {h.pid for hs in self._ranks.values() for h in hs if not h.done}
         groups |= {p.pid for p in self._stores.values()}
-        return _pgid_members(groups)
+        pids = _pgid_members(groups)
+        if self.cgroups is not None:
+            pids |= self.cgroups.all_pids()
+        else:
+            for slot in self.isolation.busy.values():
+                pids |= slots_mod.uid_pids(slot.uid)
+        return pids
+
+    def _job_pids(self, run: str) -> set[int]:
+        """The attempt's processes beyond its ranks' process groups (what a ``setsid`` took out)."""
+        if self.cgroups is not None:
+            return self.cgroups.pids(run)
+        slot = self.isolation.busy.get(run)
+        return slots_mod.uid_pids(slot.uid) if slot is not None else set()
+
+    def _kill_job(self, run: str) -> None:
+        """SIGKILL all of the attempt: its cgroup, or every process of its slot (blocking)."""
+        if self.cgroups is not None:
+            self.cgroups.kill(run)
+        else:
+            slot = self.isolation.busy.get(run)
+            if slot is not None:
+                slots_mod.kill_uid(slot.uid)
 
     async def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
-        """Kill every rank of the job's attempt (whole process groups, TERM then KILL after
-        ``grace_s``, default ``term_grace_s``) and its store."""
+        """Kill every rank of the job's attempt (whole process groups and its cgroup or slot account,
+        TERM then KILL after ``grace_s``, default ``term_grace_s``) and its store."""
         await self._cancel(run_key(job_id, attempt), grace_s)
 
     async def _cancel(self, run: str, grace_s: float | None = None) -> None:
@@ -426,21 +634,31 @@ class Launcher:
         for h in handles:
             _killpg(h.pid, signal.SIGTERM)
         if handles:
+            for pid in await asyncio.to_thread(self._job_pids, run):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
             waits = [asyncio.ensure_future(h.proc.wait()) for h in handles]
             _, pending = await asyncio.wait(waits, timeout=self.term_grace_s if grace_s is None else grace_s)
             for h in handles:
                 _killpg(h.pid, signal.SIGKILL)  # the group may hold children even when the rank exited
+            await asyncio.to_thread(self._kill_job, run)
             if pending:
                 await asyncio.wait(pending, timeout=10.0)
-            job_id, _, attempt = run.rpartition(".a")
-            log.info("job %s attempt %s: cancelled %d rank(s)", job_id, attempt, len(handles))
+            log.info("job %s: cancelled %d rank(s)", run, len(handles))
+        elif run in self._ranks:
+            await asyncio.to_thread(self._kill_job, run)
         await self._stop_store(run)
         await self._unsupervise(run)
 
     async def close(self) -> None:
-        """Cancel everything still running (daemon shutdown)."""
+        """Cancel everything still running (daemon shutdown); remove the attempts' directories and
+        this daemon's cgroups."""
         for run in list(self._ranks) + list(self._stores) + list(self._supervisors):
             await self._cancel(run)
+        for run in list(self._run_dirs) + list(self.isolation.busy):
+            await asyncio.to_thread(self._release, run)
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)
 
     # ---- leftovers ---------------------------------------------------------------------------
     def _write_pid(self, name: str, pid: int) -> Path:
@@ -467,7 +685,31 @@ class Launcher:
             path.unlink(missing_ok=True)
         if killed:
             log.warning("reaped %d leftover rank/store process group(s): %s", len(killed), killed)
+        if self.cgroups is not None:
+            for run in self.cgroups.leftovers():
+                killed.extend(self.cgroups.pids(run))
+                self.cgroups.kill(run)
+        if self.isolation.mode == "slots":
+            for slot in self.isolation.slots:
+                if self.cgroups is None:
+                    n = slots_mod.kill_uid(slot.uid)
+                    if n:
+                        log.warning("killed %d leftover process(es) of slot account %s", n, slot.name)
+            with contextlib.suppress(OSError):
+                for path in self.execute_dir.iterdir():
+                    if path.is_dir() and not path.is_symlink():
+                        slots_mod.remove_run_dir(path)
+        self._prune_logs()
         return killed
+
+    def _prune_logs(self) -> None:
+        """Remove rank logs older than ``rank_log_retention_s``."""
+        cutoff = time.time() - self.rank_log_retention_s
+        with contextlib.suppress(OSError):
+            for path in self.log_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
 
 
 async def _reap(proc: asyncio.subprocess.Process, limit_s: float) -> None:
@@ -506,8 +748,52 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCallback | None) -> None:
+class RankLog:
+    """One rank's output on its host (``data_dir/launcher/logs/JOB.aN.rankR.log``), rotated when it
+    would pass ``max_bytes`` (``.1`` is the newest old file; ``keep`` old files are kept), so a
+    chatty job cannot fill the disk of the machine it runs on.  ``max_bytes = 0``: no log."""
+
+    def __init__(self, path: Path, max_bytes: int, keep: int) -> None:
+        self.path, self.max_bytes, self.keep = path, max_bytes, keep
+        self.size: int | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.max_bytes <= 0 or not data:
+            return
+        try:
+            if self.size is None:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.size = self.path.stat().st_size if self.path.exists() else 0
+            if self.size + len(data) > self.max_bytes and self.size > 0:
+                self.rotate()
+            data = data[-self.max_bytes:]
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "ab") as f:
+                f.write(data)
+            self.size += len(data)
+        except OSError as exc:  # a full disk must not stop the rank's output from reaching its submitter
+            log.warning("rank log %s: %s; not logging this rank here any more", self.path, exc)
+            self.max_bytes = 0
+
+    def rotate(self) -> None:
+        old = self.path.with_name(f"{self.path.name}.{self.keep}")
+        old.unlink(missing_ok=True)
+        for i in range(self.keep - 1, 0, -1):
+            src = self.path.with_name(f"{self.path.name}.{i}")
+            if src.exists():
+                src.rename(self.path.with_name(f"{self.path.name}.{i + 1}"))
+        if self.keep > 0:
+            self.path.rename(self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink()
+        self.size = 0
+
+
+async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCallback | None,
+                rank_log: RankLog | None = None) -> None:
     while chunk := await stream.read(65536):
+        if rank_log is not None:
+            rank_log.write(chunk)
         if cb is None:
             continue
         try:

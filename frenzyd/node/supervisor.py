@@ -5,6 +5,9 @@ one per attempt of a job on this node, in its own session, outside the daemon's 
 reads commands on stdin, one per line:
 
 * ``watch PGID`` -- a rank's process group to kill when the lease runs out;
+* ``cgroup PATH`` -- the attempt's cgroup: everything in it is killed too (``cgroup.kill``), so a
+  rank that left its process group with ``setsid`` dies as well;
+* ``uid UID`` -- without a cgroup, the attempt's slot account: every process of it is killed too;
 * ``renew SECONDS`` -- the lease now ends SECONDS from now (monotonic clock);
 * ``stop`` -- the attempt is over: exit without killing anything.
 
@@ -31,6 +34,48 @@ import time
 
 EXPIRED = 3
 """Exit status when the lease ran out and the ranks were killed for it."""
+
+
+class Targets:
+    """What an expired lease kills: process groups, cgroups, slot uids."""
+
+    def __init__(self) -> None:
+        self.pgids: set[int] = set()
+        self.cgroups: set[str] = set()
+        self.uids: set[int] = set()
+
+    def pids(self) -> set[int]:
+        """The processes in the cgroups and of the uids (beyond the process groups)."""
+        out: set[int] = set()
+        for cg in self.cgroups:
+            for root, _, _ in os.walk(cg):
+                with contextlib.suppress(OSError, ValueError), open(os.path.join(root, "cgroup.procs")) as f:
+                    out |= {int(p) for p in f.read().split()}
+        if self.uids:
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{name}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            if {int(x) for x in line.split()[1:3]} & self.uids:
+                                out.add(int(name))
+                            break
+        out.discard(os.getpid())
+        return out
+
+    def signal(self, sig: int) -> None:
+        _kill(self.pgids, sig)
+        if sig == signal.SIGKILL:
+            for cg in self.cgroups:
+                with contextlib.suppress(OSError), open(os.path.join(cg, "cgroup.kill"), "w") as f:
+                    f.write("1\n")
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def alive(self) -> bool:
+        return _alive(self.pgids) or bool(self.pids())
 
 
 def _kill(pgids: set[int], sig: int) -> None:
@@ -63,11 +108,16 @@ def _running(pgids: set[int]) -> bool:
     return False
 
 
-def _expire(pgids: set[int], kill_at: float) -> None:
-    _kill(pgids, signal.SIGTERM)
-    while time.monotonic() < kill_at and _alive(pgids):
+def _expire(targets: Targets, kill_at: float) -> None:
+    targets.signal(signal.SIGTERM)
+    while time.monotonic() < kill_at and targets.alive():
         time.sleep(0.05)
-    _kill(pgids, signal.SIGKILL)
+    targets.signal(signal.SIGKILL)
+    for _ in range(50):  # a uid's processes forking while they are killed: until none is left
+        if not targets.pids():
+            break
+        targets.signal(signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=30.0, help="initial lease length in seconds")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the lease (or the daemon's "stop") ends us
-    pgids: set[int] = set()
+    targets = Targets()
+    pgids = targets.pgids
     deadline = time.monotonic() + args.lease
     fd = sys.stdin.fileno()
     buf = b""
@@ -85,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - args.grace - time.monotonic()
         if left <= 0:
             killed = _running(pgids)  # ranks that all ended on their own were not cut short
-            _expire(pgids, deadline)
+            _expire(targets, deadline)
             print("EXPIRED" if killed else "ENDED", flush=True)
             return EXPIRED if killed else 0
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
@@ -93,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         chunk = os.read(fd, 4096)
         if not chunk:  # the daemon is gone
-            _expire(pgids, time.monotonic())
+            _expire(targets, time.monotonic())
             return 0
         buf += chunk
         while b"\n" in buf:
@@ -102,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if cmd == "watch":
                     pgids.add(int(arg))
+                elif cmd == "cgroup" and arg:
+                    targets.cgroups.add(arg)
+                elif cmd == "uid":
+                    if int(arg) not in (0, os.getuid(), os.geteuid()):
+                        targets.uids.add(int(arg))
                 elif cmd == "renew":
                     deadline = time.monotonic() + max(0.0, float(arg))
                 elif cmd == "stop":

@@ -1,0 +1,368 @@
+"""Rank isolation: slot accounts (real throwaway local users), per-job directories, cgroup v2
+``cgroup.kill`` and the kill-by-uid fallback, setsid escapes, trainer-only nodes, secrets' modes,
+rank log rotation.  Tests that need root (useradd, cgroups, setuid) skip when not root."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from frenzyd.errors import ConfigError, InfeasibleError, LaunchError
+from frenzyd.jobs.model import JobSpec
+from frenzyd.jobs.placement import offers_from_reports, place, versions_match
+from frenzyd.node import cgroup, slots
+from frenzyd.node.launcher import Launcher, RankLog, RankSpec
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
+                               reason="needs root and useradd (CI runs as root)")
+
+
+def _gpu_groups() -> str:
+    return ",".join(g for g in slots.GPU_GROUPS if _group_exists(g))
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def slot_prefix() -> Iterator[str]:
+    """Two throwaway slot accounts ``fzPREFIX-s1``, ``-s2`` (unique per run), removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd (CI runs as root)")
+    prefix = f"fz{secrets.token_hex(3)}-s"
+    made = []
+    try:
+        for i in (1, 2):
+            name = f"{prefix}{i}"
+            cmd = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                   "--shell", "/usr/sbin/nologin"]
+            if _gpu_groups():
+                cmd += ["--groups", _gpu_groups()]
+            subprocess.run([*cmd, name], check=True, capture_output=True)
+            made.append(name)
+        yield prefix
+    finally:
+        for name in made:
+            with contextlib.suppress(KeyError, ValueError):
+                slots.kill_uid(pwd.getpwnam(name).pw_uid)
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+            subprocess.run(["groupdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def execute_dir() -> Iterator[Path]:
+    """A directory the slot accounts can reach (pytest's tmp_path is 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="frenzy-exec-", dir="/tmp"))
+    d.chmod(0o711)
+    yield d
+    slots.remove_run_dir(d)
+
+
+class Output:
+    def __init__(self) -> None:
+        self.data: dict[int, bytearray] = {}
+        self.changed = asyncio.Event()
+
+    def __call__(self, rank: int, stream: str, chunk: bytes) -> None:
+        self.data.setdefault(rank, bytearray()).extend(chunk)
+        self.changed.set()
+
+    def text(self, rank: int) -> str:
+        return self.data.get(rank, bytearray()).decode()
+
+    async def wait_for(self, rank: int, pattern: str, limit_s: float = 30.0) -> re.Match[str]:
+        async with asyncio.timeout(limit_s):
+            while not (m := re.search(pattern, self.text(rank))):
+                self.changed.clear()
+                await self.changed.wait()
+        return m
+
+
+def rank(job: str, workdir: Path, argv: list[str], r: int = 0) -> RankSpec:
+    return RankSpec(job_id=job, rank=r, local_rank=r, world_size=1, local_world_size=1,
+                    master_addr="127.0.0.1", master_port=1, gpu_indices=(0,), argv=argv, workdir=workdir,
+                    output_dir=workdir.parent / "output")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def gone(pid: int, limit_s: float = 15.0) -> bool:
+    """Await a process's exit through a pidfd (no polling); True once it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    ended = asyncio.Event()
+    loop.add_reader(fd, ended.set)
+    try:
+        async with asyncio.timeout(limit_s):
+            await ended.wait()
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return True
+
+
+def prepared(launcher: Launcher, job: str, data: Path) -> Path:
+    """The attempt's directory from the launcher, with a ``work`` dir holding a private file."""
+    run_dir = launcher.run_dir(job, 1, data / "runs" / job / "a1")
+    (run_dir / "work").mkdir(parents=True, exist_ok=True)
+    (run_dir / "work" / "secret.txt").write_text(f"secret of {job}\n")
+    return run_dir
+
+
+PROBE = ("id -u; id -G; grep CapEff /proc/self/status; echo HOME=$HOME; cat secret.txt; "
+         "ls {other} 2>&1 | head -1; cat {key} 2>&1 | head -1; echo READY; exec sleep 60")
+
+
+@ROOT_ONLY
+async def test_two_jobs_run_as_two_slots_and_cannot_touch_each_other_or_the_daemon(
+    tmp_path: Path, slot_prefix: str, execute_dir: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    key = data / "node.key"
+    key.write_text("PRIVATE KEY\n")
+    key.chmod(0o600)
+    iso = slots.isolation(slot_prefix)
+    assert iso.mode == "slots"
+    assert [s.name for s in iso.slots] == [f"{slot_prefix}1", f"{slot_prefix}2"]
+    launcher = Launcher(data, term_grace_s=1.0, lease_s=60.0, isolation=iso, execute_dir=execute_dir)
+    out = Output()
+    dirs = {job: prepared(launcher, job, data) for job in ("ja", "jb")}
+    try:
+        for i, (job, other) in enumerate((("ja", "jb"), ("jb", "ja"))):
+            argv = ["/bin/sh", "-c", PROBE.format(other=dirs[other] / "work", key=key)]
+            await launcher.launch(rank(job, dirs[job] / "work", argv, r=i), out)
+        for i in (0, 1):
+            await out.wait_for(i, "READY")
+        uids = [int(out.text(i).split()[0]) for i in (0, 1)]
+        assert uids[0] != uids[1]
+        assert {uids[0], uids[1]} == {s.uid for s in iso.slots}
+        assert os.geteuid() not in uids
+        for i, job in enumerate(("ja", "jb")):
+            text = out.text(i)
+            assert "CapEff:\t0000000000000000" in text
+            assert f"HOME={dirs[job]}" in text
+            assert f"secret of {job}" in text
+            assert "Permission denied" in text.split("secret of")[1]  # the other job's dir, node.key
+            assert "PRIVATE KEY" not in text
+            st = dirs[job].stat()
+            assert stat.S_IMODE(st.st_mode) == 0o700
+            assert st.st_uid == uids[i]
+            groups = {int(g) for g in text.splitlines()[1].split()}
+            assert set(slots.gpu_group_ids()) <= groups
+            assert 0 not in groups
+        # a third job while both slots are busy is refused, saying what to do
+        third = prepared(launcher, "jc", data)
+        with pytest.raises(LaunchError, match="slot accounts of this node are busy"):
+            await launcher.launch(rank("jc", third / "work", ["/bin/true"]), out)
+        assert iso.report()["slots_busy"] == 2
+    finally:
+        for job in ("ja", "jb", "jc"):
+            await launcher.cancel(job, 1, grace_s=0.5)
+            await asyncio.to_thread(launcher.release, job, 1)
+    assert not any(p.exists() for p in dirs.values())
+    assert iso.busy == {}
+    assert not slots.uid_pids(iso.slots[0].uid)
+    assert not slots.uid_pids(iso.slots[1].uid)
+    await launcher.close()
+
+
+ESCAPE = "setsid /bin/sh -c 'echo ESC $$; exec sleep 300' & sleep 0.3; echo UP; {tail}"
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("mode", ["slots+cgroup", "slots+fallback", "own-user+cgroup"])
+async def test_a_rank_that_escapes_with_setsid_dies_with_its_job(
+    tmp_path: Path, execute_dir: Path, mode: str, request: pytest.FixtureRequest
+) -> None:
+    """Cancel ends a setsid'd child (cgroup.kill, or every process of the slot account); so does the
+    rank's own exit (its output pipes would otherwise stay open and its wait never return)."""
+    use_slots = mode.startswith("slots")
+    iso = slots.isolation(request.getfixturevalue("slot_prefix")) if use_slots else None
+    data = tmp_path / "data"
+    launcher = Launcher(data, term_grace_s=0.5, lease_s=60.0, isolation=iso, execute_dir=execute_dir,
+                        cgroups=mode.endswith("cgroup"))
+    if mode.endswith("cgroup"):
+        assert launcher.cgroups is not None, launcher.isolation.kill
+    else:
+        assert launcher.cgroups is None
+        assert "slot account" in launcher.isolation.kill
+    for job, tail in (("cancelled", "exec sleep 300"), ("exits", "exit 0")):
+        run_dir = prepared(launcher, job, data) if use_slots else data / "runs" / job
+        (run_dir / "work").mkdir(parents=True, exist_ok=True)
+        out = Output()
+        argv = ["/bin/sh", "-c", ESCAPE.format(tail=tail)]
+        h = await launcher.launch(rank(job, run_dir / "work", argv), out)
+        esc = int((await out.wait_for(0, r"ESC (\d+)")).group(1))
+        await out.wait_for(0, "UP")
+        assert os.getsid(esc) == esc != h.pid  # it left the rank's session and process group
+        assert esc in launcher.own_pids()  # owner protection still knows it is Frenzy's
+        if job == "cancelled":
+            await launcher.cancel(job, 1, grace_s=0.5)
+        else:
+            async with asyncio.timeout(20):
+                assert await h.wait() == 0
+        assert await gone(esc), f"{mode}: the escaped process {esc} survived"
+        await asyncio.to_thread(launcher.release, job, 1)
+    await launcher.close()
+    if launcher.cgroups is not None:
+        assert not launcher.cgroups.root.exists()
+
+
+@ROOT_ONLY
+async def test_an_expired_lease_kills_what_escaped_too(
+    tmp_path: Path, slot_prefix: str, execute_dir: Path
+) -> None:
+    """The lease supervisor (the daemon frozen) kills the attempt's cgroup, not just process groups."""
+    data = tmp_path / "data"
+    launcher = Launcher(data, term_grace_s=0.5, lease_s=2.0, isolation=slots.isolation(slot_prefix),
+                        execute_dir=execute_dir)
+    run_dir = prepared(launcher, "lease", data)
+    out = Output()
+    argv = ["/bin/sh", "-c", ESCAPE.format(tail="exec sleep 300")]
+    h = await launcher.launch(rank("lease", run_dir / "work", argv), out)
+    esc = int((await out.wait_for(0, r"ESC (\d+)")).group(1))
+    assert await gone(esc, 20.0)  # nobody renewed the 2 s lease
+    async with asyncio.timeout(20):
+        await h.wait()
+    assert await launcher.unsupervise("lease", 1)
+    await asyncio.to_thread(launcher.release, "lease", 1)
+    await launcher.close()
+
+
+@ROOT_ONLY
+def test_a_process_without_capabilities_cannot_switch_users_and_says_so(slot_prefix: str) -> None:
+    pw = pwd.getpwnam(f"{slot_prefix}1")
+    proc = subprocess.Popen(["/bin/sleep", "30"], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    try:
+        why = slots.switch_users_refusal(proc.pid)
+        assert why is not None
+        assert f"runs as {pw.pw_name}, not root, without CAP_SETUID, CAP_SETGID, CAP_KILL" in why
+    finally:
+        proc.kill()
+        proc.wait()
+    assert slots.switch_users_refusal() is None  # root
+
+
+def test_a_daemon_without_slots_runs_only_its_own_users_jobs_and_reports_why() -> None:
+    iso = slots.isolation("fz-none-", accept="any")
+    me = slots.user_name(os.geteuid())
+    assert iso.mode == "own-user"
+    assert iso.reason  # no such accounts here, or cannot switch users
+    iso.admit("j1", None, trainer=False)  # a job submitted in-process
+    iso.admit("j2", me, trainer=False)
+    with pytest.raises(LaunchError, match=rf"runs only its own user's \({re.escape(me)}\) jobs because"):
+        iso.admit("j3", "somebody-else", trainer=False)
+    rep = iso.report()
+    assert (rep["runs_as"], rep["only_jobs_of"], rep["reason"]) == ("own-user", me, iso.reason)
+    assert slots.isolation(want_slots=False).reason == "[launcher] slots = false"
+
+
+def _spec(trainer: bool) -> JobSpec:
+    if trainer:
+        return JobSpec(argv=(), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                       torch_version="2.13.0", trainer=True, data_name="d.txt", model="tiny-llama")
+    return JobSpec(argv=("t.py",), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                   torch_version="2.13.0", nproc=1, mem_per_rank=1 << 30)
+
+
+def test_a_trainer_only_node_gets_no_script_and_refuses_one_anyway() -> None:
+    gpu = {"uuid": "g0", "index": 0, "type": "A10", "memory_bytes": 24 << 30, "free_bytes": 24 << 30,
+           "offered": True}
+    reports = {"vol": {"python": "3.11.7", "torch": "2.13.0", "gpus": [gpu],
+                       "launcher": {"accept": "trainer-only", "runs_as": "slots"}}}
+    offers = offers_from_reports(reports)
+    assert offers[0].trainer_only
+    assert versions_match(_spec(True), offers[0])
+    assert not versions_match(_spec(False), offers[0])
+    with pytest.raises(InfeasibleError, match="accept only built-in trainer jobs"):
+        place(_spec(False), offers)
+    reports["vol"]["launcher"]["accept"] = "any"
+    assert place(_spec(False), offers_from_reports(reports)) is not None
+    # the node itself refuses a script launch, whatever placed it there
+    iso = slots.Isolation("own-user", slots.user_name(os.geteuid()), "test", accept="trainer-only")
+    with pytest.raises(LaunchError, match="accepts only built-in trainer jobs"):
+        iso.admit("j", None, trainer=False)
+    iso.admit("j", None, trainer=True)
+
+
+def test_secrets_must_be_private(tmp_path: Path) -> None:
+    key = tmp_path / "node.key"
+    key.write_text("k")
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"node\.key is mode 0644: .*`chmod 600 .*node\.key`"):
+        slots.check_secrets([key, tmp_path / "absent"])
+    key.chmod(0o600)
+    slots.check_secrets([key, tmp_path / "absent"])
+    if os.geteuid() == 0:
+        os.chown(key, 65534, 65534)
+        with pytest.raises(ConfigError, match="belongs to uid 65534"):
+            slots.check_secrets([key])
+
+
+def test_an_unreachable_execute_dir_is_a_config_error(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    with pytest.raises(ConfigError, match=r"execute_dir .* mode 0700, so the slot accounts cannot reach"):
+        slots.check_execute_dir(tmp_path / "exec")
+
+
+def test_cgroup_mount_is_found_through_proc_mounts(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\ncgroup2 /sys/fs/my\\040cgroups cgroup2 rw 0 0\n")
+    assert cgroup.find_mount(mounts) == Path("/sys/fs/my cgroups")
+    mounts.write_text("proc /proc proc rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n")
+    assert cgroup.find_mount(mounts) is None
+    tree, why = cgroup.open_tree(tmp_path, mounts=mounts)
+    assert tree is None
+    assert "no cgroup v2 mounted" in why
+
+
+def test_rank_logs_rotate_at_their_cap_and_old_ones_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "j.a1.rank0.log"
+    rl = RankLog(path, max_bytes=100, keep=2)
+    for i in range(12):
+        rl.write(f"{i:02d}".encode() * 20)  # 40 bytes a line
+    files = sorted(p.name for p in path.parent.iterdir())
+    assert files == ["j.a1.rank0.log", "j.a1.rank0.log.1", "j.a1.rank0.log.2"]
+    assert all(p.stat().st_size <= 100 for p in path.parent.iterdir())
+    assert path.read_bytes().endswith(b"11" * 20)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    launcher = Launcher(tmp_path / "data", cgroups=False, rank_log_retention_s=3600.0)
+    launcher.log_dir.mkdir(parents=True)
+    old, new = launcher.log_dir / "old.rank0.log", launcher.log_dir / "new.rank0.log"
+    old.write_text("x")
+    new.write_text("y")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    launcher.reap_leftovers()
+    assert not old.exists()
+    assert new.exists()
