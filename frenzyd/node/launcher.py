@@ -108,6 +108,9 @@ class RankSpec:
     socket_ifname: str | None = None
     attempt: int = 1
     """The job's attempt (DESIGN.md §8); the launcher keys processes and files by ``run_key``."""
+    cuda_devices: tuple[str, ...] = ()
+    """``CUDA_VISIBLE_DEVICES`` entries when they are not ``gpu_indices`` (a MIG instance's UUID:
+    ``frenzyd.gpu_types.cuda_device``)."""
 
     @property
     def run_key(self) -> str:
@@ -159,7 +162,7 @@ def rank_env(
             "TORCHELASTIC_RESTART_COUNT": str(max(0, spec.attempt - 1)),
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+            "CUDA_VISIBLE_DEVICES": ",".join(spec.cuda_devices or (str(i) for i in spec.gpu_indices)),
             "FRENZY_JOB_ID": spec.job_id,
             "FRENZY_ATTEMPT": str(spec.attempt),
             "FRENZY_BACKEND": spec.backend,
