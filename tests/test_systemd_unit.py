@@ -46,3 +46,22 @@ def test_the_unit_waits_for_the_daemons_whole_shutdown() -> None:
     stop = next(int(line.split("=", 1)[1]) for line in text.splitlines()
                 if line.startswith("TimeoutStopSec="))
     assert stop > TimingSection().shutdown_deadline_s + 5 * 5
+
+
+def test_the_unit_lets_frenzyd_run_ranks_as_slot_accounts_in_its_own_cgroups() -> None:
+    """What slot accounts need (frenzyd.node.slots, frenzyd.node.cgroup): switching to a slot, signalling
+    it, reading and taking back its directory, a delegated cgroup subtree, the execute directory."""
+    from frenzyd.config import LauncherSection
+
+    keys: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            keys.setdefault(k, []).append(v)
+    need = {"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_READ_SEARCH", "CAP_CHOWN"}
+    assert set(keys["AmbientCapabilities"][0].split()) == need
+    assert set(keys["CapabilityBoundingSet"][0].split()) == need
+    assert keys["Delegate"] == ["yes"]
+    assert keys["ProtectControlGroups"] == ["false"]
+    assert "/var/lib/frenzy-execute" in keys["ReadWritePaths"][0].split()
+    assert LauncherSection().slots  # on by default: the unit is what makes them possible
