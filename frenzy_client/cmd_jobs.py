@@ -113,6 +113,13 @@ def register(sub: Any) -> None:
                         "every step takes MARP's step time for the model on the placed plan (at least "
                         "0.5 s), and fail with a simulated out-of-memory error when the plan does not fit "
                         "the device; real GPUs train the model itself")
+    p.add_argument("--checkpointable", action="store_true",
+                   help="script jobs: the script keeps Frenzy's checkpoint contract (on SIGTERM it saves "
+                        "under $FRENZY_CHECKPOINT_DIR within $FRENZY_STOP_GRACE_S and exits; it resumes from "
+                        "what it finds there; frenzyd.trainer.Checkpointable does both), so the scheduler "
+                        "may stop it and start it again, on other GPUs, from its checkpoint; with --model "
+                        "and --steps it reports its progress (frenzyd.trainer.report) and the scheduler "
+                        "may preempt it like a built-in trainer job")
     p.add_argument("--name", default="", help="a label shown in 'jobs' and the status page "
                    "(default: the script's or the model's name)")
     p.add_argument("--detach", action="store_true",
@@ -193,6 +200,8 @@ def build_request(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
         "nproc": args.nproc, "mem_per_rank": args.mem_per_rank, "seq_len": args.seq_len,
         "steps": args.steps,
     }
+    if getattr(args, "checkpointable", False):
+        req["checkpointable"] = True
     if args.model:
         path = Path(args.model)
         if path.suffix == ".json" or path.is_file():
@@ -267,6 +276,8 @@ class _Renderer:
                     self._placement(job)
         elif ev.get("type") == "output":
             rank, stream = int(ev.get("rank", 0)), str(ev.get("stream", "stdout"))
+            if stream == "control":  # a checkpointable script's progress reports, not its output
+                return
             text = self.partial.pop((rank, stream), "") + str(ev.get("data", ""))
             lines = text.split("\n")
             self.partial[(rank, stream)] = lines.pop()

@@ -30,6 +30,9 @@ class UsageError(ConfigError):
 def check_usage(args: Any, command: list[str]) -> None:
     """Flags that do not go together; ``UsageError`` with what to change."""
     if args.data is None:
+        if getattr(args, "checkpointable", False) and not command:
+            raise UsageError("--checkpointable declares that a script checkpoints: give the script after "
+                             "'--'")
         given = [f"--{k.replace('_', '-')}" for k in TRAINER_OPTIONS if getattr(args, k) is not None]
         given += ["--stand-in"] if getattr(args, "stand_in", False) else []
         if given:
@@ -37,6 +40,8 @@ def check_usage(args: Any, command: list[str]) -> None:
                              "(and drop the script), or set them in your script")
         return
     wrong = [flag for flag, v in (("a script after '--'", command), ("--micro-batch", args.micro_batch),
+                                  ("--checkpointable (the built-in trainer always checkpoints)",
+                                   getattr(args, "checkpointable", False)),
                                   ("--zero", args.zero), ("--nproc", args.nproc),
                                   ("--mem-per-rank", args.mem_per_rank)) if v]
     if wrong:
@@ -173,10 +178,11 @@ class Progress:
             if self.job.get("plan") and self.job.get("attempt"):
                 self.plans[int(self.job["attempt"])] = dict(self.job["plan"])
             return []
-        if ev.get("type") != "output" or ev.get("rank") != 0 or ev.get("stream") != "stdout":
-            return []
+        stream = ev.get("stream")
+        if ev.get("type") != "output" or ev.get("rank") != 0 or stream not in ("stdout", "control"):
+            return []  # "control": a checkpointable script's reports (frenzyd.trainer.report)
         attempt = int(ev.get("attempt") or 0)
-        key = (attempt, 0, "stdout")
+        key = (attempt, 0, str(stream))
         lines = (self._partial.pop(key, "") + str(ev.get("data", ""))).split("\n")
         self._partial[key] = lines.pop()
         out = []

@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "frenzyd.jobs": {"frenzyd.net", "frenzyd.marp", "frenzyd.has"},
     "frenzyd.api": {"frenzyd.jobs", "frenzyd.config"},
     "frenzyd.config": {"frenzyd.net"},
-    "frenzyd.examples": set(),
+    "frenzyd.examples": {"frenzyd.trainer"},  # user scripts: the user-script API (DESIGN.md §8)
     "frenzyd.trainer": {"frenzyd.marp"},
     "frenzy_client": {"frenzyd.marp", "frenzyd.has", "frenzyd.sim", "frenzyd.config", "frenzyd.net",
                       "frenzyd.jobs"},

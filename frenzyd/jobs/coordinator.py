@@ -122,8 +122,8 @@ class CoordinatorRole:
         queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q))
                  for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
         movable = [self._running_info(v, r) for r in self.table.running()
-                   if r.spec.trainer and r.plan is not None and (r.id, r.attempt) not in self._preempting
-                   and r.id not in self._pending]
+                   if r.spec.keeps_checkpoints and r.plan is not None
+                   and (r.id, r.attempt) not in self._preempting and r.id not in self._pending]
         offers = self._offers(v)
         if not queue and not (movable and any(g.available for p in offers for g in p.gpus)):
             return

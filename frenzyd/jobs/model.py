@@ -89,6 +89,15 @@ class JobSpec:
     stand_in: bool = False
     """On simulated GPUs, run a small stand-in of the model paced to MARP's step time
     (``frenzyd.jobs.rank_host.stand_in_plan``); real GPUs run the model itself."""
+    checkpointable: bool = False
+    """The script honours DESIGN.md §8's checkpoint contract (``run --checkpointable``): it saves
+    under ``FRENZY_CHECKPOINT_DIR`` on SIGTERM and resumes from it, so it may be preempted."""
+
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """The job checkpoints and resumes (the built-in trainer, or a checkpointable script): the
+        scheduler may stop and move it, and its checkpoint travels to its submitter."""
+        return self.trainer or self.checkpointable
 
     def trainer_options(self) -> dict[str, Any]:
         """The options a trainer job hands its ranks in ``FRENZY_PLAN`` (None: the trainer's default)."""
@@ -122,6 +131,9 @@ class JobSpec:
         """Check the spec; raise ``ConfigError`` saying what to change.  Returns self."""
         if self.stand_in and not self.trainer:
             raise ConfigError("--stand-in is for built-in trainer jobs (--model with --data)")
+        if self.checkpointable and self.trainer:
+            raise ConfigError("a built-in trainer job (--data) always checkpoints: --checkpointable is for "
+                              "scripts")
         if self.trainer:
             self._validate_trainer()
         elif not self.argv:
@@ -179,7 +191,8 @@ class JobSpec:
         } | ({  # only trainer jobs carry these: a script job's dict (and its frames) is unchanged
             "trainer": True, "data_name": self.data_name, "lr": self.lr, "warmup": self.warmup,
             "checkpoint_every": self.checkpoint_every, "seed": self.seed,
-        } if self.trainer else {}) | ({"stand_in": True} if self.stand_in else {})
+        } if self.trainer else {}) | ({"stand_in": True} if self.stand_in else {}) | (
+            {"checkpointable": True} if self.checkpointable else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
@@ -217,6 +230,7 @@ class JobSpec:
                 checkpoint_every=_opt(d, "checkpoint_every", int),
                 seed=_opt(d, "seed", int),
                 stand_in=bool(_opt(d, "stand_in", bool)),
+                checkpointable=bool(_opt(d, "checkpointable", bool)),
             )
         except KeyError as exc:
             raise WireError(f"job spec: missing key {exc.args[0]!r}") from None

@@ -261,7 +261,7 @@ class Orchestrator:
         ])
         for j in jobs:  # the submitter alone knows a trainer job's progress and measured memory
             rec = self.store.find(j["id"])
-            if rec is not None and rec.spec.trainer:
+            if rec is not None and rec.spec.keeps_checkpoints:
                 mine = self.submitter.summary(rec)
                 j.update(progress=mine["progress"], memory=mine["memory"])
         return jobs

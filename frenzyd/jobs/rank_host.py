@@ -66,6 +66,11 @@ def _pythonpath() -> str:
 
 ALL_RANKS_HERE = "all-ranks-here"
 """Marks an attempt's run directory whose ranks all ran on this node: its checkpoints hold every shard."""
+CONTROL_CHANNEL = "control"
+"""The named pipe in an attempt's run directory that a checkpointable script's ranks report on
+(``FRENZY_CONTROL_FD``, ``frenzyd.trainer.control``)."""
+CONTROL_LINE_CAP = 4096
+"""Longest control line kept (``frenzyd.trainer.control.MAX_LINE_BYTES``); longer ones are dropped."""
 
 
 def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Path,
@@ -90,16 +95,21 @@ def rank_command(spec: JobSpec, plan: Mapping[str, Any], run_dir: Path, work: Pa
         else:
             job_plan["model"] = spec.model
     grace = str(stop_grace_s)
-    if not spec.trainer:
+    if not spec.keeps_checkpoints:
         return list(spec.argv), {"FRENZY_PLAN": json.dumps(job_plan), "FRENZY_STOP_GRACE_S": grace}
-    assert spec.data_name is not None  # JobSpec.validate
-    if spec.stand_in and plan.get("backend") == "gloo":
-        job_plan.update(stand_in_plan(spec, plan, run_dir))
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(parents=True, exist_ok=True)
     if all_ranks_here:
         (run_dir / ALL_RANKS_HERE).touch()
         _seed_checkpoint(run_dir, ckpt)
+    if not spec.trainer:  # a checkpointable script: its command, with the control channel
+        argv = [sys.executable, "-m", "frenzyd.trainer.control_exec", str(run_dir / CONTROL_CHANNEL), "--",
+                *spec.argv]
+        return argv, {"FRENZY_PLAN": json.dumps(job_plan), "FRENZY_CHECKPOINT_DIR": str(ckpt),
+                      "FRENZY_STOP_GRACE_S": grace, "PYTHONPATH": _pythonpath()}
+    assert spec.data_name is not None  # JobSpec.validate
+    if spec.stand_in and plan.get("backend") == "gloo":
+        job_plan.update(stand_in_plan(spec, plan, run_dir))
     job_plan.update(spec.trainer_options(), data=str(work / spec.data_name))
     return [sys.executable, "-m", "frenzyd.trainer"], {
         "FRENZY_PLAN": json.dumps(job_plan), "FRENZY_CHECKPOINT_DIR": str(ckpt),
@@ -202,6 +212,10 @@ class RankHostRole:
         self.outbox = Outbox(data_dir)
         self.retention_s = retention_s
         self._store_done: dict[tuple[str, int], asyncio.Event] = {}
+        self._control: dict[tuple[str, int], int] = {}
+        """Attempt -> the read end of its checkpointable script's control channel."""
+        self._checkpoint_told: dict[tuple[str, int], asyncio.Event] = {}
+        """Attempt -> set when a rank said a checkpoint is complete (the copy is made sooner)."""
         self.stopping = False
         self._run_dirs: dict[tuple[str, int], Path] = {}  # attempt -> its directory (Launcher.run_dir)
 
@@ -259,7 +273,7 @@ class RankHostRole:
                 payload = await self._fetch_payload(rec)
                 await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
                                         self.max_payload_bytes)
-                if rec.spec.trainer:  # resume from the checkpoint the submitter keeps, wherever it ran
+                if rec.spec.keeps_checkpoints:  # resume from the checkpoint the submitter keeps
                     size = await self._fetch_checkpoint(rec, run_dir / "checkpoints")
                     if size is not None:
                         log.info("job %s attempt %d: fetched its checkpoint (%d bytes)", job_id, attempt,
@@ -282,6 +296,8 @@ class RankHostRole:
             plan = rec.plan.to_dict() if rec.plan is not None else {}
             gpu_indices = tuple(r.gpu_index for r in sorted(mine, key=lambda r: r.local_rank))
             argv, env = await asyncio.to_thread(self._command, rec, plan, run_dir, work)
+            if rec.spec.checkpointable:
+                self._open_control(run, run_dir / CONTROL_CHANNEL)
             for r in mine:
                 spec = self._rank_spec(
                     job_id=job_id, rank=r.rank, local_rank=r.local_rank, world_size=rec.world_size,
@@ -295,6 +311,7 @@ class RankHostRole:
         except (FrenzyError, OSError) as exc:
             log.warning("job %s attempt %d: launch failed: %s", job_id, attempt, exc)
             self._runs.pop((job_id, attempt), None)
+            self._close_control((job_id, attempt))
             with contextlib.suppress(Exception):
                 await self.launcher.cancel(job_id, attempt)
             self._run_dirs.pop((job_id, attempt), None)
@@ -304,7 +321,7 @@ class RankHostRole:
         self.leases.mark_launched(job_id, attempt)
         log.info("job %s attempt %d: started rank(s) %s", job_id, attempt, [r.rank for r in mine])
         self.ctx.spawn(self._pump(run), f"output {job_id}")
-        if rec.spec.trainer:
+        if rec.spec.keeps_checkpoints:
             self.ctx.spawn(self._upload_checkpoints(run), f"checkpoints {job_id}")
         self.ctx.spawn(self._watch(run, handles, outdir, rank0_here=any(r.rank == 0 for r in mine)),
                     f"watch {job_id}")
@@ -401,6 +418,7 @@ class RankHostRole:
         """Wait for this node's ranks, persist the exit report (and rank 0's results) in the outbox,
         then deliver it."""
         codes = await self._wait_ranks(run, handles)
+        self._close_control(run.key)
         if await self.launcher.unsupervise(*run.key) and not run.vacated:
             run.vacated = "its lease expired: this node could not confirm the attempt with its submitter"
         run.done = True
@@ -421,7 +439,7 @@ class RankHostRole:
                          reason=run.vacated or ("its daemon stopped" if self.stopping else ""),
                          preempted=run.preempted and not self.stopping)
         checkpoint = None
-        if run.record.spec.trainer and (report.vacated or any(c != 0 for _, c in codes)):
+        if run.record.spec.keeps_checkpoints and (report.vacated or any(c != 0 for _, c in codes)):
             checkpoint = await asyncio.to_thread(self._checkpoint_part, run)
             if checkpoint is not None and checkpoint[0] <= run.checkpoint_sent:
                 checkpoint = None  # the submitter has it already
@@ -449,6 +467,66 @@ class RankHostRole:
         if coord is not None and coord != run.submitter:  # stops a failing job's other ranks sooner
             self.ctx.spawn(self._copy_to(coord, report), f"exit copy {run.job_id}")
         await self._deliver(entry, results)
+
+    def _open_control(self, run: RankRun, path: Path) -> None:
+        """Make the attempt's control channel (a named pipe the ranks' ``control_exec`` opens for
+        writing) and read it on the event loop until the ranks here have exited.  Opened read-write
+        so that it never reads end-of-file between ranks."""
+        path.unlink(missing_ok=True)
+        os.mkfifo(path, 0o600)
+        run_as = getattr(self.launcher, "run_as", None)
+        if run_as:
+            shutil.chown(path, user=run_as)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._control[run.key] = fd
+        buf = bytearray()
+        forward = self._on_output(run)
+        ranks = {r.rank for r in run.ranks}
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.warning("job %s attempt %d: control channel failed: %s", run.job_id, run.attempt, exc)
+                self._close_control(run.key)
+                return
+            buf.extend(data)
+            *lines, rest = bytes(buf).split(b"\n")
+            buf[:] = rest if len(rest) <= CONTROL_LINE_CAP else b""
+            for line in lines:
+                self._on_control(run, line, ranks, forward)
+
+        asyncio.get_running_loop().add_reader(fd, readable)
+
+    def _on_control(self, run: RankRun, line: bytes, ranks: set[int],
+                    forward: Callable[[int, str, bytes], None]) -> None:
+        """One line a rank wrote to its control channel (untrusted: malformed or foreign lines are
+        dropped).  Rank 0's progress goes to the submitter with its output (stream ``control``);
+        a complete checkpoint makes the next copy to the submitter come sooner."""
+        try:
+            msg = json.loads(line) if len(line) <= CONTROL_LINE_CAP else None
+        except ValueError:
+            msg = None
+        rank = msg.get("rank", 0) if isinstance(msg, dict) else None
+        if not isinstance(msg, dict) or type(rank) is not int or rank not in ranks \
+                or msg.get("job", run.job_id) != run.job_id or msg.get("attempt", run.attempt) != run.attempt:
+            log.debug("job %s attempt %d: control line dropped: %r", run.job_id, run.attempt, line[:200])
+            return
+        if msg.get("type") == "step" and rank == 0 and type(msg.get("step")) is int:
+            forward(rank, "control", line + b"\n")
+        elif msg.get("type") == "checkpoint_complete":
+            self._checkpoint_told.setdefault(run.key, asyncio.Event()).set()
+
+    def _close_control(self, key: tuple[str, int]) -> None:
+        self._checkpoint_told.pop(key, None)
+        fd = self._control.pop(key, None)
+        if fd is None:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to remove
+            asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
 
     def stop_grace_s(self, *, reclaim: bool = True) -> float:
         """The grace of a stop: ``launcher.stop_grace_s``, or for an owner's reclaim the shorter of it
@@ -486,8 +564,14 @@ class RankHostRole:
         few seconds on 2 cores)."""
         floor = max(2.0, 4 * self.ctx.heartbeat_s)
         every = floor
+        told = self._checkpoint_told.setdefault(run.key, asyncio.Event())
         while not run.done:
-            await asyncio.sleep(every)
+            await asyncio.sleep(floor)
+            if every > floor:  # a rank's "checkpoint complete" ends the wait early
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(every - floor):
+                        await told.wait()
+            told.clear()
             if run.done:
                 return
             t0 = time.monotonic()

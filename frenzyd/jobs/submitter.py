@@ -491,8 +491,8 @@ class SubmitterRole:
         now = self.ctx.clock()
         for ch in msg.chunks:
             self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now, attempt=msg.attempt)
-            if rec.spec.trainer and ch.rank == 0 and ch.stream == "stdout":
-                self._follow_progress(rec, ch.data, now)
+            if ch.rank == 0 and ch.stream == ("stdout" if rec.spec.trainer else "control"):
+                self._follow_progress(rec, ch.data, now)  # a checkpointable script's: its reports
         return Ack()
 
     def _follow_progress(self, rec: JobRecord, data: bytes, now: float) -> None:
@@ -518,7 +518,7 @@ class SubmitterRole:
         per-rank prediction for the current plan and, once the results are in, each rank's
         measured peak)."""
         out = rec.summary()
-        if not rec.spec.trainer:
+        if not rec.spec.keeps_checkpoints:
             return out
         out["progress"] = self.progress.get(rec.id)
         predicted = None

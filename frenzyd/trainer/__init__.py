@@ -6,7 +6,8 @@ Entry points:
   whole job - data, plan, checkpoints, the returned model, memory.
 * :func:`train` with a :class:`TrainerPlan` in an initialised process group.
 * The user-script contract (DESIGN.md §8): :func:`report`,
-  :func:`checkpoint_complete` and :func:`apply_plan`.
+  :func:`checkpoint_complete`, :class:`Checkpointable` (stop on SIGTERM, save
+  and resume for ``run --checkpointable``) and :func:`apply_plan`.
 
 Importing this package does not import torch or transformers.
 """
@@ -18,8 +19,10 @@ from typing import Any
 
 from frenzyd.trainer.control import checkpoint_complete, report
 from frenzyd.trainer.plan import TrainerPlan, plan_from, resolve
+from frenzyd.trainer.script import Checkpoint, Checkpointable
 
-__all__ = ["TrainerPlan", "apply_plan", "checkpoint_complete", "plan_from", "report", "resolve", "train"]
+__all__ = ["Checkpoint", "Checkpointable", "TrainerPlan", "apply_plan",
+            "checkpoint_complete", "plan_from", "report", "resolve", "train"]
 
 
 def train(plan: TrainerPlan, env: Any = None, **kwargs: Any) -> Any:

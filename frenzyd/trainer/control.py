@@ -6,9 +6,12 @@ Messages (one JSON object per line, ``"type"`` first):
 * ``{"type": "checkpoint_complete", "rank", "step", "path"}`` - this rank's part of a
   checkpoint is on disk (``checkpoint_complete``)
 
-Every line also carries ``job`` and ``attempt`` when ``FRENZY_JOB_ID`` and
-``FRENZY_ATTEMPT`` are set (DESIGN.md §8: reports from an older attempt are
-refused).  Without ``FRENZY_CONTROL_FD`` every call is a no-op and a warning is
+Every line also carries ``rank``, ``job`` and ``attempt`` when ``RANK``,
+``FRENZY_JOB_ID`` and ``FRENZY_ATTEMPT`` are set (DESIGN.md §8: reports from an
+older attempt are refused).  A line is one write of at most ``MAX_LINE_BYTES``
+(atomic on a pipe, so the ranks of a host may share one channel); when the
+channel is full or closed the message is dropped, never waited for: a daemon
+that reads behind never stalls training.  Without ``FRENZY_CONTROL_FD`` every call is a no-op and a warning is
 logged once.  No torch here: user scripts call this from any loop.
 """
 
@@ -24,7 +27,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"fd": None, "resolved": False, "warned": False}
+_state: dict[str, Any] = {"fd": None, "resolved": False, "warned": False, "dropped": 0, "closed": False}
+
+MAX_LINE_BYTES = 4096
+"""Longest message line (PIPE_BUF on Linux: a write this size to a pipe is atomic)."""
 
 
 def _fd() -> int | None:
@@ -53,17 +59,34 @@ def send(message: dict[str, Any], *, quiet: bool = False) -> bool:
             _state["warned"] = True
         return False
     fence: dict[str, Any] = {}
+    if os.environ.get("RANK", "").isdigit() and "rank" not in message:
+        fence["rank"] = int(os.environ["RANK"])
     if os.environ.get("FRENZY_JOB_ID"):
         fence["job"] = os.environ["FRENZY_JOB_ID"]
     if os.environ.get("FRENZY_ATTEMPT", "").isdigit():
         fence["attempt"] = int(os.environ["FRENZY_ATTEMPT"])
     data = (json.dumps({**message, **fence}, separators=(",", ":")) + "\n").encode()
+    if len(data) > MAX_LINE_BYTES:
+        raise ValueError(f"a control message is at most {MAX_LINE_BYTES} bytes as JSON, not {len(data)}")
     with _lock:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        try:
+            # One write of at most PIPE_BUF bytes: atomic on a pipe, so the local ranks sharing the
+            # channel never interleave; all or nothing on a non-blocking one.
+            os.write(fd, data)
+        except BlockingIOError:
+            _state["dropped"] += 1  # the daemon reads behind: progress is best effort, never a stall
+            return False
+        except OSError as exc:  # the daemon closed its end (it is stopping the job)
+            if not _state["closed"]:
+                log.warning("the control channel is closed (%s): later reports go nowhere", exc)
+                _state["closed"] = True
+            return False
     return True
+
+
+def dropped() -> int:
+    """Messages not sent because the channel was full (the daemon reads behind)."""
+    return int(_state["dropped"])
 
 
 def report(step: int, loss: float, **extra: Any) -> bool:
@@ -85,4 +108,4 @@ def checkpoint_complete(step: int | None = None, path: str | None = None) -> boo
 
 def reset_for_tests() -> None:
     """Forget the resolved descriptor (tests change FRENZY_CONTROL_FD between calls)."""
-    _state.update(fd=None, resolved=False, warned=False)
+    _state.update(fd=None, resolved=False, warned=False, dropped=0, closed=False)

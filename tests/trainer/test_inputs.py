@@ -168,9 +168,9 @@ def test_report_writes_json_lines_to_the_control_fd(monkeypatch: pytest.MonkeyPa
     finally:
         os.close(r)
         control.reset_for_tests()
-    assert lines == [{"type": "step", "step": 4, "loss": 1.25, "tokens_per_s": 10.0},
+    assert lines == [{"type": "step", "step": 4, "loss": 1.25, "tokens_per_s": 10.0, "rank": 3},
                      {"type": "checkpoint_complete", "rank": 3, "step": 4, "path": "/ck/step-4"},
-                     {"type": "step", "step": 5, "loss": 1.0, "job": "j7", "attempt": 2}]
+                     {"type": "step", "step": 5, "loss": 1.0, "rank": 3, "job": "j7", "attempt": 2}]
     with pytest.raises(ValueError, match="finite"):
         control.report(1, float("nan"))
 
