@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
+from frenzyd.gpu_types import cuda_device
 from frenzyd.jobs.context import (
     CHUNK,
     MAX_REPORTED_JOBS,
@@ -294,7 +295,9 @@ class RankHostRole:
             handles = []
             local_world = len(mine)
             plan = rec.plan.to_dict() if rec.plan is not None else {}
-            gpu_indices = tuple(r.gpu_index for r in sorted(mine, key=lambda r: r.local_rank))
+            ordered = sorted(mine, key=lambda r: r.local_rank)
+            gpu_indices = tuple(r.gpu_index for r in ordered)
+            cuda_devices = tuple(cuda_device(r.gpu_index, r.gpu) for r in ordered)  # MIG: by UUID
             argv, env = await asyncio.to_thread(self._command, rec, plan, run_dir, work)
             if rec.spec.checkpointable:
                 self._open_control(run, run_dir / CONTROL_CHANNEL)
@@ -306,6 +309,7 @@ class RankHostRole:
                     env={"FRENZY_JOB_ID": job_id, **env,
                          **({"FRENZY_STEPS": str(rec.spec.steps)} if rec.spec.steps else {})},
                     backend=msg.backend, socket_ifname=self.socket_ifname, attempt=attempt,
+                    cuda_devices=cuda_devices,
                 )
                 handles.append((r.rank, await self.launcher.launch(spec, self._on_output(run))))
         except (FrenzyError, OSError) as exc:
