@@ -20,17 +20,25 @@ arrive.  The first pass runs on an empty plan cache and is reported apart (cold)
 ``--no-cache`` runs the same passes with the plan cache off (every call enumerates MARP's plans
 afresh with ``plans.feasible_plans``): the coordinator as it was before the cache.
 
-Not measured here (they need the membership rewrite of issue 18): the in-memory transport with
-message loss, per-member messages per second, and the time until every member knows of a dead one.
+Membership (``--part membership``): ``--swim-members`` members, each a real SWIM core
+(``frenzyd.net.membership``) and its driver (``frenzyd.net.gossip``) exchanging real wire frames over
+the in-memory transport (``frenzyd.net.memnet``: ``--delay-ms`` each way, ``--loss`` of frames lost,
+on wall-clock time).  The pool starts formed; after ``--swim-steady-s`` of measured traffic one member
+crashes.  Reported: messages and bytes each member sends per second, the harness's CPU per member,
+when every other member holds the dead one dead, and false suspicions (any suspicion of a member that
+was up).  A row measured while the machine was less than 30 % idle is marked contended.
+Not measured here: real daemons in network namespaces (issue 18 (a)).
 
     python scripts/bench_scale.py --out bench-results/scale.json
     python scripts/bench_scale.py --tiny --out /tmp/scale_tiny.json
     python scripts/bench_scale.py --members 100 --queued 10,100 --no-cache --passes 3
+    python scripts/bench_scale.py --part membership --swim-members 100,300,1000
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import inspect
@@ -101,6 +109,7 @@ class Sizes:
 
 FULL = Sizes(members=(100, 300, 1000), queued=(10, 100, 500), passes=20)
 TINY = Sizes(members=(20,), queued=(10, 40), passes=5)
+SWIM_FULL, SWIM_TINY = (100, 300, 1000), (20,)
 
 
 # --- the pool: members and their heartbeat reports ----------------------------------------------
@@ -419,6 +428,160 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
     return out
 
 
+# --- membership at scale: SWIM members over the in-memory transport (issue 18 (b)) -----------------
+
+
+@dataclass
+class SwimMember:
+    index: int
+    entry: Any
+    driver: Any
+    up: bool = True
+
+
+def _idle_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    idle, total = after[0] - before[0], after[1] - before[1]
+    return None if total <= 0 else idle / total
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle + iowait, total) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
+async def _lag_probe(stop: Any, lags: list[float], step_s: float = 0.05) -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        t = loop.time()
+        await asyncio.sleep(step_s)
+        lags.append(loop.time() - t - step_s)
+
+
+async def _swim_cell(n: int, *, delay_s: float, loss: float, steady_s: float, detect_limit_s: float,
+                     seed: int) -> dict[str, Any]:
+    """``n`` members, each a real membership core and driver, exchanging real frames over the in-memory
+    transport (``delay_s`` each way, ``loss``).  The pool starts formed (every member's entry merged into
+    every core: not measured), runs ``steady_s`` to measure per-member traffic, then one member crashes;
+    reported: when each other member first holds it dead, and every suspicion of a member that was up."""
+    import asyncio
+
+    from frenzyd.net.gossip import GossipDriver
+    from frenzyd.net.membership import ALIVE, DEAD, SUSPECT, Membership, Params
+    from frenzyd.net.memnet import MemoryNet
+    from frenzyd.net.messages import MemberEntry
+
+    rng = random.Random(seed)
+    net = MemoryNet(delay_s=delay_s, loss=loss, rng=random.Random(seed + 1))
+    params = Params()
+    loop = asyncio.get_running_loop()
+    members: list[SwimMember] = []
+    false_episodes: set[tuple[str, int]] = set()
+    dead_at: dict[int, float] = {}
+    victim: list[str] = []
+    up: dict[str, bool] = {}
+    all_know = asyncio.Event()
+
+    def watcher(i: int) -> Any:
+        def on_changes(changes: list[Any]) -> None:
+            for e in changes:
+                if e.state == SUSPECT and up.get(e.node_id, False):
+                    false_episodes.add((e.node_id, e.incarnation))
+                elif e.state >= DEAD and victim and e.node_id == victim[0]:
+                    dead_at.setdefault(i, loop.time())
+                    if len(dead_at) >= n - 1:
+                        all_know.set()
+        return on_changes
+
+    t_build = time.perf_counter()
+    entries = [MemberEntry(f"{i:032x}", f"ws-{i:04d}", f"10.{i // 62500}.{i // 250 % 250}.{i % 250 + 1}:7470",
+                           0, 1, ALIVE, 0, None)
+               for i in range(n)]
+    for i, me in enumerate(entries):
+        core = Membership(me, params, rng=random.Random(seed * 100_003 + i))
+        for other in entries:
+            if other is not me:
+                core.merge(other, 0.0, gossip=False)
+        core.drain_changes()
+        driver = GossipDriver(core, net.sender(me.node_id), on_changes=watcher(i), clock=loop.time)
+        net.attach(me.address, me.node_id, driver.deliver_frame)
+        members.append(SwimMember(i, me, driver))
+        up[me.node_id] = True
+    build_s = time.perf_counter() - t_build
+    stop = asyncio.Event()
+    lags: list[float] = []
+    lag_task = asyncio.create_task(_lag_probe(stop, lags))
+    for m in members:  # each core probes at its own random phase in the period
+        m.driver.start()
+    await asyncio.sleep(params.period_s + 2.0)  # warm-up
+
+    frames0, bytes0 = sum(net.frames.values()), sum(net.bytes.values())
+    cpu0, idle0, t0 = time.process_time(), _cpu_times(), loop.time()
+    await asyncio.sleep(steady_s)
+    wall = loop.time() - t0
+    frames = sum(net.frames.values()) - frames0
+    sent_bytes = sum(net.bytes.values()) - bytes0
+    cpu = time.process_time() - cpu0
+    idle = _idle_share(idle0, _cpu_times())
+    steady_lag = sorted(lags)
+
+    x = members[rng.randrange(n)]
+    victim.append(x.entry.node_id)
+    up[x.entry.node_id] = False
+    x.driver.stop(leave=False)
+    net.detach(x.entry.address)
+    killed = loop.time()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(all_know.wait(), detect_limit_s)
+    after = sorted(t - killed for i, t in dead_at.items() if i != x.index)
+    for m in members:
+        m.driver.stop(leave=False)
+    stop.set()
+    await lag_task
+    lag_sorted = sorted(lags)
+    return {
+        "members": n, "delay_ms": delay_s * 1e3, "loss": loss, "period_s": params.period_s,
+        "ack_timeout_s": params.ack_timeout_s, "indirect_k": params.indirect_k,
+        "suspicion_timeout_s": members[0].driver.core.suspicion_timeout(),
+        "build_s": round(build_s, 2), "steady_s": round(wall, 2),
+        "msgs_per_member_s": frames / n / wall, "bytes_per_member_s": sent_bytes / n / wall,
+        "harness_cpu_per_member_ms_s": cpu / n / wall * 1e3, "harness_cpu_share": cpu / wall,
+        "machine_idle": idle, "contended": idle is not None and idle < 0.3,
+        "loop_lag_p95_ms": _p95(steady_lag) * 1e3 if steady_lag else None,
+        "loop_lag_max_ms": lag_sorted[-1] * 1e3 if lag_sorted else None,
+        "dead_known_by": len(after), "of": n - 1,
+        "dead_known_by_all_s": after[-1] if len(after) == n - 1 else None,
+        "dead_known_median_s": statistics.median(after) if after else None,
+        "false_suspicions": len(false_episodes),
+        "lost_frames": dict(net.lost),
+    }
+
+
+def run_swim(sizes: Sequence[int], *, delay_s: float, loss: float, steady_s: float, detect_limit_s: float,
+             seed: int) -> list[dict[str, Any]]:
+    import asyncio
+
+    print(f"{'members':>8}{'msgs/s':>8}{'B/s':>8}{'cpu ms/s':>9}{'dead all s':>11}{'median s':>9}"
+          f"{'false':>6}{'lag p95':>8}{'idle':>6}")
+    rows = []
+    for n in sizes:
+        row = asyncio.run(_swim_cell(n, delay_s=delay_s, loss=loss, steady_s=steady_s,
+                                     detect_limit_s=detect_limit_s, seed=seed))
+        rows.append(row)
+        dead = row["dead_known_by_all_s"]
+        idle = row["machine_idle"]
+        print(f"{n:>8}{row['msgs_per_member_s']:>8.2f}{row['bytes_per_member_s']:>8.0f}"
+              f"{row['harness_cpu_per_member_ms_s']:>9.3f}"
+              f"{'-' if dead is None else f'{dead:.1f}':>11}{row['dead_known_median_s'] or 0:>9.1f}"
+              f"{row['false_suspicions']:>6}{row['loop_lag_p95_ms'] or 0:>8.1f}"
+              f"{'-' if idle is None else f'{idle:.0%}':>6}{' contended' if row['contended'] else ''}",
+              flush=True)
+    return rows
+
+
 def _p95(xs: list[float]) -> float:
     """Nearest-rank 95th percentile of an ascending list."""
     return xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
@@ -447,6 +610,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-cache", action="store_true", help="MARP's plan cache off: every call enumerates "
                     "plans afresh (the coordinator before the cache)")
     ap.add_argument("--profile", action="store_true", help="cProfile the warm passes; print the top")
+    ap.add_argument("--part", choices=("all", "pass", "membership"), default="all",
+                    help="the coordinator pass, membership (SWIM over the in-memory transport), or both")
+    ap.add_argument("--swim-members", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+                    help="membership pool sizes (default 100,300,1000; tiny 20)")
+    ap.add_argument("--swim-steady-s", type=float, default=None, help="seconds of steady traffic measured "
+                    "before a member crashes (default 20; tiny 3)")
+    ap.add_argument("--swim-detect-limit-s", type=float, default=60.0,
+                    help="give up waiting for every member to know of the dead one after this")
+    ap.add_argument("--delay-ms", type=float, default=5.0, help="in-memory transport delay, each way")
+    ap.add_argument("--loss", type=float, default=0.01, help="share of frames the in-memory transport loses")
     args = ap.parse_args(argv)
     base = TINY if args.tiny else FULL
     sizes = Sizes(base.members if args.members is None else args.members,
@@ -459,10 +632,18 @@ def main(argv: list[str]) -> int:
         ap.error("--churn and --novel must be in [0, 1], --busy in [0, 1)")
     if min(sizes.members) < 1 or min(sizes.queued) < 1:
         ap.error("--members and --queued must be positive")
+    swim_sizes = args.swim_members or (SWIM_TINY if args.tiny else SWIM_FULL)
+    swim_steady = args.swim_steady_s if args.swim_steady_s is not None else (3.0 if args.tiny else 20.0)
+    if min(swim_sizes) < 2 or swim_steady <= 0 or not 0 <= args.loss < 1 or args.delay_ms < 0:
+        ap.error("--swim-members >= 2, --swim-steady-s > 0, --loss in [0, 1), --delay-ms >= 0")
     prov = provenance()
     cells = []
-    print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'cold ms':>10}{'median ms':>11}{'p95 ms':>9}"
-          f"{'max ms':>9}{'cpu med':>9}{'cpu p95':>9}{'started':>9}{'shapes':>8}{'counts':>9}")
+    if args.part == "membership":
+        sizes = Sizes((), (), sizes.passes)
+    if sizes.members:
+        print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'cold ms':>10}{'median ms':>11}"
+              f"{'p95 ms':>9}{'max ms':>9}{'cpu med':>9}{'cpu p95':>9}{'started':>9}{'shapes':>8}"
+              f"{'counts':>9}")
     for m in sizes.members:
         for q in sizes.queued:
             cell = run_cell(m, q, gpus=args.gpus, passes=sizes.passes, churn=args.churn, busy=args.busy,
@@ -477,6 +658,12 @@ def main(argv: list[str]) -> int:
                   flush=True)
             if args.profile:
                 print(cell["profile"])
+    swim = []
+    if args.part in ("all", "membership"):
+        print()
+        swim = run_swim(swim_sizes, delay_s=args.delay_ms / 1e3, loss=args.loss, steady_s=swim_steady,
+                        detect_limit_s=args.swim_detect_limit_s, seed=args.seed)
+    big = next((r for r in swim if r["members"] == 1000), None)
     target = next((c for c in cells if (c["members"], c["gpus"], c["queued"]) == (1000, 4000, 500)), None)
     doc = {
         "benchmark": "scale",
@@ -486,8 +673,14 @@ def main(argv: list[str]) -> int:
                      "plan_cache": not args.no_cache, "gpu_mix": dict(GPU_MIX),
                      "presets": [p for p, *_ in PRESETS], "declared_share": DECLARED_SHARE,
                      "schedule_signature": str(inspect.signature(placement.schedule))},
-        "not_measured": "membership (in-memory transport with 1 % loss, messages per member per second, "
-                        "time until a dead member is known): needs the membership rewrite of issue 18",
+        "not_measured": "real daemons in network namespaces (issue 18 (a))",
+        "membership": {"settings": {"delay_ms": args.delay_ms, "loss": args.loss, "steady_s": swim_steady,
+                                    "start": "formed (every entry merged into every core, not measured)"},
+                       "target": {"dead_known_by_all_s_below": 15.0, "false_suspicions": 0, "at": 1000,
+                                  "met": None if big is None else (big["dead_known_by_all_s"] is not None
+                                                                   and big["dead_known_by_all_s"] < 15.0
+                                                                   and big["false_suspicions"] == 0)},
+                       "rows": swim},
         "target": {"pass_p95_s_below": 0.1, "at": "1000 members x 4 GPUs x 500 queued",
                    "met": None if target is None or target["p95_s"] is None else target["p95_s"] < 0.1},
         "cells": [{k: v for k, v in c.items() if k != "profile"} for c in cells],

@@ -59,7 +59,7 @@ class Params:
     """Members asked to probe a target that did not answer."""
     suspicion_mult: float = 3.0
     suspicion_min_s: float = 2.0
-    retransmit_mult: int = 3
+    retransmit_mult: int = 4
     max_piggyback: int = 8
     """Membership changes carried by one message."""
     forget_dead_s: float = 300.0
@@ -150,7 +150,7 @@ class Membership:
         self._suspect_until: dict[str, float] = {}
         self._queue: dict[str, _Queued] = {}
         self._order: list[str] = []
-        self._next_probe = 0.0
+        self._next_probe: float | None = None  # the first tick picks a random phase in the period
         self._probe: _Probe | None = None
         self._forwards: dict[int, _Forward] = {}
         self._seq = 0
@@ -158,6 +158,9 @@ class Membership:
         self._seed_sync_at: dict[str, float] = {}
         self._next_housekeeping = 0.0
         self._next_anti_entropy: float | None = None
+        self._resync_at: float | None = None
+        self._joined_via: list[str] = []
+        self._resyncs_left = 0
         self.changes: list[MemberEntry] = []
         self.counters: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -202,6 +205,8 @@ class Membership:
 
     def next_wake(self) -> float:
         """When :meth:`tick` has something to do next (the earliest probe step, timer or sync)."""
+        if self._next_probe is None:
+            return 0.0
         times = [self._next_probe]
         if self._probe is not None and not self._probe.acked and self._probe.indirect_at is None:
             times.append(self._probe.started + self.params.ack_timeout_s)
@@ -237,8 +242,15 @@ class Membership:
         """A full-state sync to each address (seeds at start, an address mDNS found later)."""
         self.counters["syncs_sent"] += 1
         full = self._full_state()
-        return [Outgoing(a, None, SwimSync(self._me, full, True)) for a in dict.fromkeys(addresses)
-                if a and a != self._me.address]
+        out = [Outgoing(a, None, SwimSync(self._me, full, True)) for a in dict.fromkeys(addresses)
+               if a and a != self._me.address]
+        if out and self._resync_at is None:
+            # A seed answers with what it knows now; members that join with it after that reach us by
+            # gossip, slowly when many join at once: two more syncs with it soon after.
+            self._resync_at = now + self._rng.uniform(2.0, 6.0) * self.params.period_s
+            self._resyncs_left = 2
+            self._joined_via = [o.address for o in out]
+        return out
 
     def _full_state(self) -> tuple[MemberEntry, ...]:
         others = [e for e in self._members.values() if e.state <= SUSPECT]
@@ -250,6 +262,9 @@ class Membership:
         """Advance the probe, the suspicion timers and the seed syncs to ``now``."""
         out: list[Outgoing] = []
         p = self.params
+        if self._next_probe is None:  # members started together must not probe in lockstep
+            self._next_probe = now + self._rng.uniform(0.0, p.period_s)
+            return out
         probe = self._probe
         if probe is not None and not probe.acked and probe.indirect_at is None \
                 and now >= probe.started + p.ack_timeout_s:
@@ -269,6 +284,13 @@ class Membership:
                 self._probe = _Probe(target, self._seq, now)
                 out.append(self._ping_to(target, seq=self._seq))
             self._next_probe = now + p.period_s
+            if self._resync_at is not None and now >= self._resync_at:
+                self._resyncs_left -= 1
+                self._resync_at = None
+                if self._resyncs_left:
+                    self._resync_at = now + self._rng.uniform(6.0, 12.0) * p.period_s
+                via = self._rng.choice(self._joined_via)
+                out.append(Outgoing(via, None, SwimSync(self._me, self._full_state(), True)))
             if now >= self._next_housekeeping:
                 self._next_housekeeping = now + 10 * p.period_s
                 self._expire(now)
@@ -406,6 +428,9 @@ class Membership:
         if now < self._next_anti_entropy:
             return []
         self._next_anti_entropy = now + interval
+        return self._sync_random()
+
+    def _sync_random(self) -> list[Outgoing]:
         live = self.live()
         if not live:
             return []

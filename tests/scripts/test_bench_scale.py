@@ -40,7 +40,14 @@ def test_tiny_run_writes_every_cell_with_provenance(
         assert pc["hits"] > 0
         assert pc["counts_computed"] > 0
     assert doc["target"]["met"] is None  # no 1,000-member cell in the tiny run
-    assert "membership" in doc["not_measured"]
+    assert "namespaces" in doc["not_measured"]
+    (row,) = doc["membership"]["rows"]  # 20 SWIM members over the in-memory transport, 1 % loss
+    assert row["members"] == 20
+    assert row["loss"] == 0.01
+    assert row["msgs_per_member_s"] > 0
+    assert row["dead_known_by"] == row["of"] == 19  # every other member learnt of the crash
+    assert row["dead_known_by_all_s"] is not None
+    assert doc["membership"]["target"]["met"] is None  # no 1,000-member row in the tiny run
     assert "p95 ms" in capsys.readouterr().out
     assert plan_cache.default_cache() is before  # the run puts the process's cache back
 
