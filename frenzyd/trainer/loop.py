@@ -144,12 +144,14 @@ def _micro_step(par: Parallel, batch: Any, device: Any) -> float:
     ids = torch.from_numpy(batch).to(device)
     if par.schedule is not None:
         losses: list[Any] = []
+        # return_outputs=False: the last stage keeps no logits of its micro-batches beyond their
+        # backward (DESIGN.md §3: only the loss is kept), as MARP predicts.
         if par.pp_rank == 0:
-            par.schedule.step(ids)
+            par.schedule.step(ids, return_outputs=False)
         elif par.is_last_stage:
-            par.schedule.step(target=ids, losses=losses)
+            par.schedule.step(target=ids, losses=losses, return_outputs=False)
         else:
-            par.schedule.step()
+            par.schedule.step(return_outputs=False)
         par.sync_grads()
         return float(torch.stack([x.detach() for x in losses]).mean()) if losses else 0.0
     total = torch.zeros((), dtype=torch.float32, device=device)
