@@ -424,9 +424,11 @@ def render_status(st: Mapping[str, Any], out: TextIO) -> None:
             if g.get("offered") is False and not g.get("leased_to"):
                 print(f"      not offered: {g.get('reason') or 'the owner is using it'}", file=out)
         la = p.get("launcher") or {}
-        if la.get("runs_as") == "own-user":
-            print(f"    ranks run as {la.get('user')} (no slot accounts), so only {la.get('user')}'s jobs "
-                  f"run here: {la.get('reason')}", file=out)
+        if la.get("runs_as") == "own-user" and la.get("only_jobs_of"):
+            print(f"    ranks run as {la.get('user')}, so only {la.get('only_jobs_of')}'s jobs run here: "
+                  f"{la.get('reason')}", file=out)
+        elif la.get("runs_as") == "own-user":
+            print(f"    ranks run as {la.get('user')}, not as slot accounts: {la.get('reason')}", file=out)
         elif la.get("runs_as") == "slots":
             print(f"    ranks run as slot accounts ({la.get('slots_busy')}/{la.get('slots')} busy)", file=out)
         if la.get("accept") == "trainer-only":

@@ -10,9 +10,10 @@ holding ``work`` (the job's files), ``output``, ``checkpoints`` and ``tmp``; it 
 attempt's results and checkpoint are in the outbox.  The daemon reads what it needs there as root
 or with ``CAP_DAC_READ_SEARCH`` and takes the tree back (``CAP_CHOWN``) to remove it.
 
-A daemon that cannot switch users (not root and no ``CAP_SETUID``/``CAP_SETGID``), or that finds
-no slot account, runs ranks as its own user and only its own user's jobs; :class:`Isolation` says
-which, with the reason, for the status JSON.
+A daemon that cannot switch users (not root and no ``CAP_SETUID``/``CAP_SETGID``/``CAP_KILL``) runs
+ranks as its own user and only its own user's jobs; one that could but finds no slot account (or
+has ``[launcher] slots = false``) runs every job as its own user, with a warning.
+:class:`Isolation` says which, with the reason, for the status JSON.
 
 Also here: the start-up check that the daemon's secrets are out of other users' reach.
 """
@@ -128,6 +129,8 @@ class Isolation:
     """How a job's processes are ended: the cgroup line of :func:`frenzyd.node.cgroup.open_tree`, or the
     fallback."""
     accept: str = "any"
+    only_own: bool = False
+    """Run only the daemon's own user's jobs: it cannot switch users (not root, no CAP_SETUID...)."""
     busy: dict[str, SlotAccount] = field(default_factory=dict)
     """Attempt (run key) -> the slot it holds."""
 
@@ -138,7 +141,7 @@ class Isolation:
         if self.mode == "slots":
             out.update(slots=len(self.slots), slots_busy=len(self.busy))
         else:
-            out.update(reason=self.reason, only_jobs_of=self.user)
+            out.update(reason=self.reason, only_jobs_of=self.user if self.only_own else None)
         return out
 
     def admit(self, job_id: str, owner: str | None, trainer: bool) -> None:
@@ -147,7 +150,7 @@ class Isolation:
             raise LaunchError(f"job {job_id}: this node accepts only built-in trainer jobs ([launcher] "
                               "accept = \"trainer-only\"): it runs no foreign code; submit with "
                               "--model/--data, or run the script on another node")
-        if self.mode != "slots" and owner is not None and owner != self.user:
+        if self.only_own and owner is not None and owner != self.user:
             raise LaunchError(f"job {job_id} of user {owner!r}: this node runs only its own user's "
                               f"({self.user}) jobs because {self.reason}; give it slot accounts "
                               "(scripts/install --slots N) and run it as root or with "
@@ -173,22 +176,31 @@ class Isolation:
         return self.busy.pop(run, None)
 
 
-def isolation(prefix: str = SLOT_PREFIX, *, want_slots: bool = True, accept: str = "any") -> Isolation:
-    """Decide how this daemon runs ranks (see the module docstring)."""
+def isolation(prefix: str = SLOT_PREFIX, *, want_slots: bool = True, accept: str = "any",
+              refusal: str | None = "") -> Isolation:
+    """Decide how this daemon runs ranks (see the module docstring).  ``refusal``: why it cannot
+    switch users (default: :func:`switch_users_refusal` of this process; None: it can)."""
     me = user_name(os.geteuid())
-    if not want_slots:
-        return Isolation("own-user", me, "[launcher] slots = false", accept=accept)
-    refusal = switch_users_refusal()
+    if refusal == "":
+        refusal = switch_users_refusal()
     if refusal is not None:
-        return Isolation("own-user", me, refusal, accept=accept)
-    found = find_slots(prefix)
-    if not found:
-        return Isolation("own-user", me, f"no slot accounts {prefix}1, {prefix}2, ... exist (scripts/install "
-                         "--slots N makes them)", accept=accept)
-    mine = [s.name for s in found if s.uid == os.geteuid()]
-    if mine:
-        raise ConfigError(f"slot account {mine[0]} is frenzyd's own uid: slots must be accounts of their own")
-    return Isolation("slots", me, slots=tuple(found), accept=accept)
+        return Isolation("own-user", me, refusal, accept=accept, only_own=True)
+    if not want_slots:
+        iso = Isolation("own-user", me, "[launcher] slots = false", accept=accept)
+    else:
+        found = find_slots(prefix)
+        if found:
+            mine = [s.name for s in found if s.uid == os.geteuid()]
+            if mine:
+                raise ConfigError(f"slot account {mine[0]} is frenzyd's own uid: slots must be accounts of "
+                                  "their own")
+            return Isolation("slots", me, slots=tuple(found), accept=accept)
+        iso = Isolation("own-user", me, f"no slot accounts {prefix}1, {prefix}2, ... exist (scripts/install "
+                        "--slots N makes them)", accept=accept)
+    # It could switch users but has no slot to switch to: every job runs as the daemon's user.
+    log.warning("jobs' ranks run as %s, the daemon's own user (%s): they can read what it reads; make slot "
+                "accounts (scripts/install --slots N)", me, iso.reason)
+    return iso
 
 
 # ---- processes of a slot ----------------------------------------------------------------------------

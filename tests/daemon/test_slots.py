@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
+import io
 import os
 import pwd
 import re
@@ -17,14 +20,21 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from frenzy_client.cmd_jobs import render_status
+from frenzyd.config import Config, HostPort, WebSection
+from frenzyd.daemon import Daemon
 from frenzyd.errors import ConfigError, InfeasibleError, LaunchError
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.placement import offers_from_reports, place, versions_match
+from frenzyd.net import auth
 from frenzyd.node import cgroup, slots
-from frenzyd.node.launcher import Launcher, RankLog, RankSpec
+from frenzyd.node.launcher import Launcher, RankLog, RankSpec, unpack
+
+from .conftest import fast_config
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
                                reason="needs root and useradd (CI runs as root)")
@@ -261,31 +271,37 @@ async def test_an_expired_lease_kills_what_escaped_too(
 
 
 @ROOT_ONLY
-def test_a_process_without_capabilities_cannot_switch_users_and_says_so(slot_prefix: str) -> None:
+def test_a_daemon_that_cannot_switch_users_runs_only_its_users_jobs(slot_prefix: str) -> None:
+    """The refusal is read from a real unprivileged process (a slot account's); such a daemon refuses
+    another user's job at launch and its report says why."""
     pw = pwd.getpwnam(f"{slot_prefix}1")
     proc = subprocess.Popen(["/bin/sleep", "30"], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
     try:
         why = slots.switch_users_refusal(proc.pid)
-        assert why is not None
-        assert f"runs as {pw.pw_name}, not root, without CAP_SETUID, CAP_SETGID, CAP_KILL" in why
     finally:
         proc.kill()
         proc.wait()
+    assert why is not None
+    assert f"runs as {pw.pw_name}, not root, without CAP_SETUID, CAP_SETGID, CAP_KILL" in why
     assert slots.switch_users_refusal() is None  # root
-
-
-def test_a_daemon_without_slots_runs_only_its_own_users_jobs_and_reports_why() -> None:
-    iso = slots.isolation("fz-none-", accept="any")
+    iso = slots.isolation(slot_prefix, refusal=why)  # slots exist, but it could not switch to them
     me = slots.user_name(os.geteuid())
-    assert iso.mode == "own-user"
-    assert iso.reason  # no such accounts here, or cannot switch users
+    assert (iso.mode, iso.only_own, iso.reason) == ("own-user", True, why)
     iso.admit("j1", None, trainer=False)  # a job submitted in-process
     iso.admit("j2", me, trainer=False)
     with pytest.raises(LaunchError, match=rf"runs only its own user's \({re.escape(me)}\) jobs because"):
         iso.admit("j3", "somebody-else", trainer=False)
     rep = iso.report()
-    assert (rep["runs_as"], rep["only_jobs_of"], rep["reason"]) == ("own-user", me, iso.reason)
-    assert slots.isolation(want_slots=False).reason == "[launcher] slots = false"
+    assert (rep["runs_as"], rep["only_jobs_of"], rep["reason"]) == ("own-user", me, why)
+
+
+def test_a_daemon_without_slot_accounts_runs_every_job_as_itself_and_says_so() -> None:
+    iso = slots.isolation("fz-none-", refusal=None)
+    assert (iso.mode, iso.only_own) == ("own-user", False)
+    assert "no slot accounts fz-none-1, fz-none-2, ... exist" in iso.reason
+    iso.admit("j", "somebody-else", trainer=False)
+    assert iso.report()["only_jobs_of"] is None
+    assert slots.isolation(want_slots=False, refusal=None).reason == "[launcher] slots = false"
 
 
 def _spec(trainer: bool) -> JobSpec:
@@ -366,3 +382,109 @@ def test_rank_logs_rotate_at_their_cap_and_old_ones_are_removed(tmp_path: Path) 
     launcher.reap_leftovers()
     assert not old.exists()
     assert new.exists()
+
+
+async def _status_of(cfg: Config) -> dict[str, Any]:
+    cfg = dataclasses.replace(cfg, web=WebSection(HostPort("127.0.0.1", 0)))
+    d, stop = Daemon(cfg), asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+    try:
+        await asyncio.wait_for(d.ready.wait(), 30)
+        return d.status()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def _with_launcher(cfg: Config, **launcher: Any) -> Config:
+    return dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, **launcher))
+
+
+async def test_the_status_says_who_ranks_run_as_and_what_the_node_accepts(
+    tmp_path: Path, pool_creds: dict[str, auth.Credentials]
+) -> None:
+    cfg = _with_launcher(fast_config(tmp_path, pool_creds["n3"]), slot_prefix="fz-none-",
+                         accept="trainer-only")
+    st = await _status_of(cfg)
+    la = st["peers"][0]["launcher"]
+    assert la["accept"] == "trainer-only"
+    assert la["runs_as"] == "own-user"
+    assert la["user"] == slots.user_name(os.geteuid())
+    assert la["reason"]  # no slot accounts fz-none-N here (or, not root: cannot switch users)
+    assert "kill" in la
+    out = io.StringIO()
+    render_status(st, out)
+    assert "not as slot accounts" in out.getvalue() or "only" in out.getvalue()
+    assert "accepts only built-in trainer jobs (no scripts)" in out.getvalue()
+
+
+@ROOT_ONLY
+async def test_the_status_shows_slot_accounts(
+    tmp_path: Path, pool_creds: dict[str, auth.Credentials], slot_prefix: str, execute_dir: Path
+) -> None:
+    cfg = _with_launcher(fast_config(tmp_path, pool_creds["n3"]), slot_prefix=slot_prefix,
+                         execute_dir=execute_dir)
+    la = (await _status_of(cfg))["peers"][0]["launcher"]
+    assert (la["runs_as"], la["slots"], la["slots_busy"], la["accept"]) == ("slots", 2, 0, "any")
+
+
+async def test_a_daemon_whose_key_others_can_read_does_not_start(tmp_path: Path) -> None:
+    creds_dir = auth.add_node(auth.create_pool(tmp_path / "pool").pool_dir, "k1").out_dir
+    creds = auth.load_credentials(creds_dir)
+    creds.node_key.chmod(0o640)
+    with pytest.raises(ConfigError, match=r"node\.key is mode 0640: group and other users can read"):
+        await asyncio.wait_for(Daemon(fast_config(tmp_path, creds)).run(asyncio.Event()), 30)
+    assert not (tmp_path / "k1" / "launcher").exists()  # refused before anything ran
+
+
+RUN_SH = """\
+id -u > "$FRENZY_OUTPUT_DIR/uid.txt"
+echo "rank $RANK as $(id -un) home $HOME"
+grep CapEff /proc/self/status
+"""
+
+
+@ROOT_ONLY
+async def test_a_pool_job_runs_as_a_slot_and_leaves_nothing_behind(
+    tmp_path: Path, slot_prefix: str, execute_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submit, place, launch, results and clean-up through real orchestrators: the rank host runs the
+    job's rank as a slot, returns its output files, then removes its directory and frees the slot."""
+    from . import orch_harness
+
+    made: list[Launcher] = []
+
+    class SlotLauncher(Launcher):
+        def __init__(self, data_dir: Path, **kw: Any) -> None:
+            super().__init__(data_dir, isolation=slots.isolation(slot_prefix), execute_dir=execute_dir, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(orch_harness, "Launcher", SlotLauncher)
+    pool = orch_harness.Pool(tmp_path)
+    try:
+        pool.add("a", 1)
+        c = pool.add("c", 0)
+        pool.coordinator = "a"
+        pool.start()
+        d = tmp_path / "job"
+        d.mkdir()
+        (d / "run.sh").write_text(RUN_SH)
+        rec = await c.orch.submit({"workdir": str(d), "argv": ["/bin/sh", "run.sh"], "nproc": 1,
+                                   "mem_per_rank": orch_harness.GIB})
+        done = await orch_harness.wait_state(c, rec.id, {"succeeded", "failed", "cancelled"})
+        assert done["state"] == "succeeded", done
+        out = "".join(ev["data"] for ev in c.orch.store.read_output(rec.id))
+        assert f"rank 0 as {slot_prefix}1 home {execute_dir}/{rec.id}.a1" in out
+        assert "CapEff:\t0000000000000000" in out
+        results = c.orch.store.results(rec.id)
+        assert results is not None
+        dest = tmp_path / "res"
+        unpack(results, hashlib.sha256(results).hexdigest(), dest, 1 << 20)
+        assert int((dest / "uid.txt").read_text()) == pwd.getpwnam(f"{slot_prefix}1").pw_uid
+        host = made[0]
+        await orch_harness.eventually(lambda: not host.isolation.busy)
+        assert await asyncio.to_thread(os.listdir, execute_dir) == []
+        if host.cgroups is not None:
+            assert not await asyncio.to_thread(host.cgroups.path(f"{rec.id}.a1").exists)
+    finally:
+        await pool.close()
