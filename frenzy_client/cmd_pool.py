@@ -1,8 +1,13 @@
-"""frenzy-client pool: create a pool's trust root and enrol nodes (offline; no daemon needed)."""
+"""frenzy-client pool: create a pool's trust root, enrol and remove nodes.
+
+``init`` and ``add-node`` are offline.  ``remove-node`` signs a new revocation list offline, then
+hands it to a daemon (``--daemon``, default the local one), which passes it to every member;
+``push-revocations`` hands an existing list to a daemon (from a machine that is not a member)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,38 @@ def register(sub: Any) -> None:
     add.add_argument("--json", action="store_true", help="print the result as JSON")
     add.set_defaults(handler=_add_node)
 
+    rm = psub.add_parser(
+        "remove-node",
+        help="revoke node NODE: sign a new revocation list and give it to the pool",
+        description="Remove NODE from the pool: add it to the CA-signed revocation list in "
+        "DIR/revocations.json (version + 1), then give the list to the daemon (--daemon, default the "
+        "local one), which passes it to every member. Every member then refuses the node's TLS "
+        "connections and messages and forgets it. NODE is the name given to add-node (every "
+        "certificate issued under it), a node id, or the path of its node.pem.",
+    )
+    rm.add_argument("dir", type=Path, metavar="DIR", help="the pool directory made by 'pool init' (ca.key)")
+    rm.add_argument("nodes", nargs="+", metavar="NODE", help="node name, node id, or path of its node.pem")
+    rm.add_argument("--no-push", action="store_true",
+                    help="only write DIR/revocations.json (give it to a member later with push-revocations)")
+    _daemon_args(rm)
+    rm.set_defaults(handler=_remove_node)
+
+    push = psub.add_parser(
+        "push-revocations",
+        help="give a revocation list (revocations.json) to a daemon, which passes it on",
+        description="Hand FILE, a revocation list written by 'pool remove-node', to a member's daemon. "
+        "The list is signed by the pool CA: a daemon takes it only if it is newer than its own.",
+    )
+    push.add_argument("file", type=Path, metavar="FILE")
+    _daemon_args(push)
+    push.set_defaults(handler=_push)
+
+
+def _daemon_args(p: argparse.ArgumentParser) -> None:
+    from frenzy_client.cmd_jobs import _common
+
+    _common(p)
+
 
 def _init(args: argparse.Namespace) -> int:
     info = auth.create_pool(args.dir, name=args.name)
@@ -71,4 +108,68 @@ def _add_node(args: argparse.Namespace) -> int:
         if bundle_path is not None:
             print(f"  bundle:      {bundle_path}  (secret; copy it to {node.node_name}, then there: "
                   f"sudo frenzyd enroll {bundle_path.name}; delete it afterwards)")
+    return 0
+
+
+def _push_list(args: argparse.Namespace, data: bytes) -> dict[str, Any]:
+    from frenzy_client.cmd_jobs import _client
+
+    doc = json.loads(data)
+
+    async def go() -> dict[str, Any]:
+        async with _client(args) as client:
+            return await client.push_revocations(doc)
+
+    return asyncio.run(go())
+
+
+def _remove_node(args: argparse.Namespace) -> int:
+    from frenzyd.errors import FrenzyError
+    from frenzyd.net import revocation
+
+    lst = revocation.revoke(args.dir, args.nodes)
+    path = args.dir / revocation.REVOCATIONS_FILE
+    pushed: dict[str, Any] | None = None
+    push_error = None
+    if not args.no_push:
+        try:
+            pushed = _push_list(args, lst.file_bytes())
+        except FrenzyError as exc:
+            push_error = str(exc)
+    if args.json:
+        print(json.dumps({"version": lst.version, "file": str(path),
+                          "removed": [n.to_dict() for n in lst.nodes], "pushed": pushed,
+                          "push_error": push_error}))
+    else:
+        print(f"revocation list version {lst.version} written to {path}; removed from the pool:")
+        for n in lst.nodes:
+            print(f"  {n.name or '?':<20} {n.node_id}  (since {n.revoked_at})")
+        if pushed is not None:
+            print(f"given to the daemon (its list is now version {pushed.get('version')}); it passes it "
+                  "to every member")
+        elif args.no_push:
+            print(f"next: frenzy-client pool push-revocations {path} --daemon ADDRESS (on any member)")
+    if push_error is not None:
+        print(f"could not give the list to a daemon: {push_error}\nthe list is written; give it to any "
+              f"member with: frenzy-client pool push-revocations {path} [--daemon ADDRESS]")
+        return 1
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from frenzyd.errors import ConfigError
+
+    try:
+        data = args.file.read_bytes()
+        json.loads(data)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.file}: {exc.strerror}") from None
+    except ValueError:
+        raise ConfigError(f"{args.file} is not a revocation list (not JSON)") from None
+    out = _push_list(args, data)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"the daemon's revocation list is now version {out.get('version')} "
+              f"({'adopted' if out.get('adopted') else 'it had this one or a newer one already'})")
     return 0

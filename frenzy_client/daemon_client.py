@@ -193,6 +193,11 @@ class DaemonClient:
         data: dict[str, Any] = await self._json("DELETE", f"/v1/tokens/{user}")
         return data
 
+    async def push_revocations(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Give the daemon a revocation list (``revocations.json``'s JSON); it keeps it if newer."""
+        data: dict[str, Any] = await self._json("POST", "/v1/revocations", dict(doc))
+        return data
+
     async def job(self, job_id: str) -> dict[str, Any]:
         data: dict[str, Any] = await self._json("GET", f"/v1/jobs/{job_id}")
         return data

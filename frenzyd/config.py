@@ -335,6 +335,20 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "how long a rank host keeps a finished attempt's exit status and results for a submitter "
         "that has not acknowledged them (7 days)",
     ),
+    (
+        "jobs",
+        "max_queued_per_user",
+        "50",
+        "a user's jobs of this node waiting to be placed; a submission past it is refused (429) saying so; "
+        "admins are not limited; 0: no limit",
+    ),
+    (
+        "jobs",
+        "max_active_per_user",
+        "100",
+        "a user's unfinished jobs (queued or running) of this node; past it a submission is refused (429); "
+        "admins are not limited; 0: no limit",
+    ),
 )
 
 ENV_OVERRIDES: Final[Mapping[str, tuple[str, str]]] = {
@@ -525,6 +539,8 @@ class JobsSection:
     unplaceable_after_s: float = 3600.0
     retention_s: float = 7 * 24 * 3600.0
     min_run_s: float = 120.0
+    max_queued_per_user: int = 50
+    max_active_per_user: int = 100
     policy: str = "frenzy"
 
 
@@ -882,6 +898,8 @@ def config_from_dict(
         unplaceable_after_s=jb.float_("unplaceable_after_s", 3600.0),
         retention_s=jb.float_("retention_s", 7 * 24 * 3600.0),
         min_run_s=jb.float_("min_run_s", 120.0),
+        max_queued_per_user=jb.int_("max_queued_per_user", 50, 0, 1 << 20),
+        max_active_per_user=jb.int_("max_active_per_user", 100, 0, 1 << 20),
         policy=_policy_name(jb.str_("policy", "frenzy") or "frenzy"),
     )
     return Config(

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from frenzyd.api.client_api import ClientApi
+from frenzyd.api.client_api import ClientApi, Quota
 from frenzyd.api.metrics import AUTH_REFUSALS, MESSAGES_DROPPED, MetricsRegistry
 from frenzyd.api.web import WebServer, build_web_app
 from frenzyd.config import Config
@@ -352,7 +352,10 @@ class Daemon:
                 orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
                 inv_task = tg.create_task(self._inventory_loop(), name="inventory")
                 self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status,
-                                           admin_group=cfg.client.admin_group)
+                                           admin_group=cfg.client.admin_group,
+                                           quota=Quota(cfg.jobs.max_queued_per_user,
+                                                       cfg.jobs.max_active_per_user),
+                                           revocations=net.accept_revocations)
                 self.client_api.app.router.add_post("/v1/owner", self.owner_signal)
                 await _bind(self.client_api.start, "the client API", cfg.client.listen, "[client] listen",
                             "FRENZY_CLIENT_LISTEN")

@@ -16,6 +16,13 @@ Endpoints (all JSON unless noted; errors are ``{"error": message}`` with 4xx):
 * ``GET /v1/jobs/{id}/results`` -- rank 0's output files as packed by the launcher (bytes), 404 if none
 * ``POST /v1/tokens`` ``{"user": NAME}`` (admins) -> ``{"user", "uid", "token"}``: a per-user TCP token
 * ``DELETE /v1/tokens/{user}`` (admins) -- forget that user's token
+* ``POST /v1/revocations`` (anyone identified: the list is signed by the pool CA) -- a revocation list
+  (``revocations.json``'s JSON, from ``frenzy-client pool remove-node``); the daemon keeps it if it is
+  newer and passes it to every member -> ``{"version", "adopted", "nodes"}``; 403 for a forged list
+
+A user may have at most ``[jobs] max_queued_per_user`` jobs of this node waiting to be placed and
+``[jobs] max_active_per_user`` unfinished (queued or running); a submission past either is refused
+(429) with the limit, the count and what to do.  Admins are not limited.
 
 Every request is identified first (``frenzyd.api.identity``): on the unix socket by the kernel
 (``SO_PEERCRED``), over TCP by ``Authorization: Bearer <token>`` -- a user's own token, or the
@@ -35,7 +42,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +73,22 @@ MAX_REQUEST_BYTES = 1 << 20
 _ORCH: web.AppKey[Orchestrator] = web.AppKey("orch", Orchestrator)
 _STATUS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("status")
 _TOKENS: web.AppKey[UserTokens] = web.AppKey("tokens", UserTokens)
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Per-user limits on this node's jobs (``[jobs] max_queued_per_user``, ``max_active_per_user``;
+    0: no limit).  Admins are not limited."""
+
+    max_queued_per_user: int = 0
+    max_active_per_user: int = 0
+
+
+AcceptRevocations = Callable[[Mapping[str, Any]], dict[str, Any]]
+"""``accept(doc)``: a revocation list's JSON -> ``{"version", "adopted", ...}`` (the peer layer's)."""
+
+_QUOTA: web.AppKey[Quota] = web.AppKey("quota", Quota)
+_REVOCATIONS: web.AppKey[AcceptRevocations | None] = web.AppKey("revocations")
 
 
 def parse_listen(listen: str) -> tuple[str, Path | None, str | None, int | None]:
@@ -200,6 +224,7 @@ async def _submit(request: web.Request) -> web.Response:
         return web.json_response({"error": NOT_A_PATH}, status=400)
     who = caller(request)
     orch = request.app[_ORCH]
+    _check_quota(request, who)
     reader = await request.multipart()
     part = await reader.next()
     if not isinstance(part, BodyPartReader) or part.name != "spec":
@@ -225,6 +250,56 @@ async def _submit(request: web.Request) -> web.Response:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # moved into the job when it was accepted
     return web.json_response({"job": rec.summary() | {"user": _owner_name(rec)}}, status=201)
+
+
+def quota_refusal(quota: Quota, records: Iterable[JobRecord], who: Caller, daemon_uid: int) -> str | None:
+    """Why ``who`` may not submit one more job now (the limit, the count, what to do), or None.
+    ``records`` are this node's jobs; a record without an owner is the daemon user's."""
+    if who.admin or not (quota.max_queued_per_user or quota.max_active_per_user):
+        return None
+    mine = [r for r in records
+            if not r.terminal and (daemon_uid if r.owner_uid is None else r.owner_uid) == who.uid]
+    queued = sum(1 for r in mine if r.state == "queued")
+    limits = (("max_active_per_user", quota.max_active_per_user, len(mine), "unfinished (queued or running)"),
+              ("max_queued_per_user", quota.max_queued_per_user, queued, "queued"))
+    for key, limit, have, what in limits:
+        if limit and have >= limit:
+            return (f"quota: {who.user} has {have} {what} jobs on this node and the limit is {limit} ([jobs] "
+                    f"{key} in frenzyd's config): wait for one to finish or cancel one "
+                    "('frenzy-client jobs', 'frenzy-client cancel JOB'), or ask an admin to raise "
+                    f"[jobs] {key} and restart frenzyd")
+    return None
+
+
+def _check_quota(request: web.Request, who: Caller) -> None:
+    """Refuse (429) a submission past the caller's quota, before the payload is read."""
+    why = quota_refusal(request.app[_QUOTA], request.app[_ORCH].store.all(), who,
+                        request.app[IDENTIFY].daemon_uid)
+    if why is not None:
+        log.info("client API: refused a job of %s: %s", who.user, why)
+        raise Refused(429, why)
+
+
+async def _revocations(request: web.Request) -> web.Response:
+    accept = request.app[_REVOCATIONS]
+    if accept is None:
+        return web.json_response({"error": "this daemon takes no revocation lists here"}, status=404)
+    try:
+        body = await request.json()
+    except ValueError:
+        return web.json_response({"error": "request body is not JSON (give revocations.json)"}, status=400)
+    if not isinstance(body, dict):
+        return web.json_response({"error": "give the revocation list's JSON object"}, status=400)
+    who = caller(request)
+    try:
+        out = accept(body)
+    except AuthError as exc:
+        status = {"forged_revocation": 403, "stale_revocation": 409}.get(exc.reason, 400)
+        log.warning("client API: %s gave a revocation list that was refused: %s", who.user, exc)
+        return web.json_response({"error": f"revocation list refused: {exc}"}, status=status)
+    log.info("client API: %s gave revocation list version %s (adopted: %s)", who.user, out.get("version"),
+             out.get("adopted"))
+    return web.json_response(out)
 
 
 async def _read_capped(part: BodyPartReader, cap: int, what: str) -> bytes:
@@ -314,11 +389,14 @@ async def _results(request: web.Request) -> web.Response:
 
 
 def build_client_app(
-    orch: Orchestrator, status: Callable[[], dict[str, Any]], identify: Identify, tokens: UserTokens
+    orch: Orchestrator, status: Callable[[], dict[str, Any]], identify: Identify, tokens: UserTokens,
+    *, quota: Quota | None = None, revocations: AcceptRevocations | None = None,
 ) -> web.Application:
     """The aiohttp application of the local API; ``identify`` tells who calls."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BYTES)
     app[_ORCH], app[_STATUS], app[IDENTIFY], app[_TOKENS] = orch, status, identify, tokens
+    app[_QUOTA], app[_REVOCATIONS] = quota or Quota(), revocations
+    app.router.add_post("/v1/revocations", _revocations)
     app.router.add_get("/v1/status", _status)
     app.router.add_get("/v1/whoami", _whoami)
     app.router.add_post("/v1/tokens", _issue_token)
@@ -336,7 +414,8 @@ class ClientApi:
     """Serves the local API until ``stop()``."""
 
     def __init__(self, listen: str, data_dir: Path, orch: Orchestrator, status: Callable[[], dict[str, Any]],
-                 *, admin_group: str = DEFAULT_ADMIN_GROUP):
+                 *, admin_group: str = DEFAULT_ADMIN_GROUP, quota: Quota | None = None,
+                 revocations: AcceptRevocations | None = None):
         self.kind, self.path, self.host, self.port = parse_listen(listen)
         if self.kind == "tcp" and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("client API on %s: reachable beyond this machine, protected only by the token",
@@ -346,7 +425,8 @@ class ClientApi:
         self.tokens = UserTokens(data_dir)
         self.identify = Identify(admin_group=admin_group, daemon_uid=os.geteuid(), admin_token=self.token,
                                  tokens=self.tokens)
-        self.app = build_client_app(orch, status, self.identify, self.tokens)
+        self.app = build_client_app(orch, status, self.identify, self.tokens, quota=quota,
+                                    revocations=revocations)
         self._runner: web.AppRunner | None = None
 
     @property

@@ -45,6 +45,8 @@ AUTH_REASONS: Final = (
     "expired_certificate",  # outside its validity period
     "bad_signature",  # the signature does not match the bytes
     "signer_mismatch",  # signed by a node other than the one that sent it
+    "revoked_certificate",  # named by the pool CA's revocation list (frenzyd.net.revocation)
+    "forged_revocation",  # a revocation list this pool's CA did not sign
 )
 
 CA_FILE: Final = "ca.pem"
@@ -52,6 +54,9 @@ CA_KEY_FILE: Final = "ca.key"
 NODE_CERT_FILE: Final = "node.pem"
 NODE_KEY_FILE: Final = "node.key"
 NODE_INFO_FILE: Final = "node.json"
+ISSUED_FILE: Final = "issued.jsonl"
+"""In the pool directory: one JSON line per certificate :func:`add_node` issued (name, node id, serial,
+fingerprint, dates), so ``pool remove-node NAME`` can name every certificate of a node."""
 CA_VALID_DAYS: Final = 3650 * 2
 NODE_VALID_DAYS: Final = 3650
 NODE_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -357,6 +362,38 @@ def key_matches_cert(key_pem: bytes, cert_pem_or_der: bytes) -> bool:
     return _raw_public(_load_key(key_pem).public_key()) == _raw_public(_cert_public_key(cert_pem_or_der))
 
 
+def certificate_fingerprint(cert_pem_or_der: bytes) -> str:
+    """SHA-256 of the certificate's DER encoding, 64 hex digits (what a revocation list names)."""
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return hashlib.sha256(_load_cert(cert_pem_or_der).public_bytes(Encoding.DER)).hexdigest()
+
+
+def certificate_serial(cert_pem_or_der: bytes) -> str:
+    """The certificate's serial number in lower-case hex (no leading zeros)."""
+    return format(_load_cert(cert_pem_or_der).serial_number, "x")
+
+
+def ca_sign(ca_pem: bytes, ca_key_pem: bytes, data: bytes) -> bytes:
+    """The pool CA's Ed25519 signature over exactly ``data``; ConfigError when the key is not the CA's."""
+    key = _load_key(ca_key_pem)
+    pub = _load_cert(ca_pem).public_key()
+    if not isinstance(pub, Ed25519PublicKey) or _raw_public(pub) != _raw_public(key.public_key()):
+        raise ConfigError("ca.key is not the key of ca.pem: use the pool directory made by 'pool init'")
+    return key.sign(data)
+
+
+def verify_ca_signature(ca_pem: bytes, data: bytes, sig: bytes) -> None:
+    """Raise AuthError(``forged_revocation``) unless ``sig`` is the pool CA's signature over ``data``."""
+    pub = _load_cert(ca_pem).public_key()
+    if not isinstance(pub, Ed25519PublicKey):
+        raise AuthError("bad_certificate", "the pool CA key is not Ed25519")
+    try:
+        pub.verify(sig, data)
+    except InvalidSignature as exc:
+        raise AuthError("forged_revocation", "not signed by this pool's CA") from exc
+
+
 def peer_identity_from_der(ca_pem: bytes, der: bytes, *, now: dt.datetime | None = None) -> tuple[str, str]:
     """``(node_id, node_name)`` of a TLS peer from its DER certificate; AuthError if not of this pool."""
     if not der:
@@ -482,7 +519,49 @@ def add_node(pool_dir: Path, name: str, out_dir: Path | None = None) -> NodeIden
     (out / CA_FILE).write_bytes(ca_pem)
     info = {"node_id": node_id, "node_name": name, "pool_id": pool_id}
     (out / NODE_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    _record_issued(pool_dir, name, node_id, cert_pem)
     return NodeIdentity(node_id=node_id, node_name=name, pool_id=pool_id, out_dir=out)
+
+
+def _record_issued(pool_dir: Path, name: str, node_id: str, cert_pem: bytes) -> None:
+    not_before, not_after = certificate_dates(cert_pem)
+    line = {"name": name, "node_id": node_id, "serial": certificate_serial(cert_pem),
+            "fingerprint": certificate_fingerprint(cert_pem), "not_before": not_before.isoformat(),
+            "not_after": not_after.isoformat()}
+    fd = os.open(pool_dir / ISSUED_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def issued_certificates(pool_dir: Path) -> list[dict[str, str]]:
+    """What :func:`add_node` recorded in ``pool_dir/issued.jsonl`` (oldest first; unreadable lines skipped),
+    plus the certificates of ``pool_dir/nodes/*/node.pem`` (enrolments from before the record)."""
+    pool_dir = Path(pool_dir)
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    try:
+        lines = (pool_dir / ISSUED_FILE).read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("name", "node_id")):
+            out.append({k: str(v) for k, v in item.items()})
+            seen.add(str(item.get("fingerprint")))
+    for cert in sorted((pool_dir / "nodes").glob(f"*/{NODE_CERT_FILE}")):
+        try:
+            pem = cert.read_bytes()
+            node_id, name = verify_node_cert((pool_dir / CA_FILE).read_bytes(), pem)
+            fp = certificate_fingerprint(pem)
+        except (OSError, AuthError):
+            continue
+        if fp not in seen:
+            out.append({"name": name, "node_id": node_id, "serial": certificate_serial(pem),
+                        "fingerprint": fp})
+    return out
 
 
 def load_credentials(cred_dir: Path) -> Credentials:

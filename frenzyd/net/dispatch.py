@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from frenzyd.errors import AuthError, ElectionError, FrenzyError, WireError
 from frenzyd.net import auth, wire
@@ -25,6 +25,15 @@ from frenzyd.net.election import Change, ElectionState
 from frenzyd.net.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+
+
+class PeerCheck(Protocol):
+    """What the dispatcher asks of the revocation list (``frenzyd.net.revocation.RevocationState``)."""
+
+    @property
+    def version(self) -> int: ...
+
+    def check_peer(self, node_id: str, der: bytes | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,25 @@ class Dispatcher:
         self._answer_heartbeat: HeartbeatAnswer | None = None
         self._on_change: Callable[[Change], None] | None = None
         self._ratelog = RateLimitedLog(log, clock=clock)
+        self.revocations: PeerCheck | None = None
+        """The pool's revocation list: frames from a removed node are refused (``revoked_certificate``)."""
+
+    def check_peer(self, peer_id: str, der: bytes | None = None) -> None:
+        """Raise AuthError(``revoked_certificate``) when the peer was removed from the pool."""
+        if self.revocations is not None and peer_id != self.creds.node_id:
+            self.revocations.check_peer(peer_id, der)
+
+    def refuse_certificate(self, der: bytes) -> str | None:
+        """For the TLS door: the reason to close a connection whose handshake presented ``der``
+        (``revoked_certificate``), or None to let it in."""
+        if self.revocations is None or self.revocations.version == 0:
+            return None
+        try:
+            peer_id, _ = auth.peer_identity_from_der(self.creds.ca_pem, der)
+            self.check_peer(peer_id, der)
+        except AuthError as exc:
+            return exc.reason
+        return None
 
     def bind(self, answer_heartbeat: HeartbeatAnswer, on_change: Callable[[Change], None]) -> None:
         """Connect the heartbeat layer (built after this one, because it sends through the transport
@@ -126,7 +154,14 @@ class Dispatcher:
 
     async def process(self, peer_id: str, label: str, data: bytes) -> tuple[int, bytes]:
         """Decode, authorise and dispatch one frame from an authenticated peer; return the HTTP
-        status and the reply frame.  Never raises: every failure becomes an ``error`` frame."""
+        status and the reply frame.  Never raises: every failure becomes an ``error`` frame.  A frame
+        from a node the revocation list names is refused before it is decoded."""
+        try:
+            self.check_peer(peer_id)
+        except AuthError as exc:
+            self.counters.auth_refusals[exc.reason] += 1
+            self._ratelog.warning(f"auth:{exc.reason}", "refused a frame from %s: %s", label, exc)
+            return error_frame(exc.reason, str(exc), 403)
         try:
             msg = wire.decode(data, max_bytes=self.max_frame_bytes, caps=self.caps)
         except wire.FrameRejected as exc:

@@ -7,7 +7,9 @@ or ``max_unauthenticated``, and runs the handshake (``loop.start_tls``) under ``
 handshake_timeout_s``.  A completed handshake proved a certificate of the pool CA (the TLS context
 requires one): the connection leaves the counts and is handed to aiohttp's request handler, so
 members' established connections are never limited here.  Refusals are counted by reason
-(``unauth_per_ip``, ``unauth_total``, ``handshake_timeout``) in the caller's counter.
+(``unauth_per_ip``, ``unauth_total``, ``handshake_timeout``) in the caller's counter.  A certificate of
+the pool CA that ``check_peer`` refuses (one the revocation list names: ``revoked_certificate``) is
+closed right after the handshake, before any request is read.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ log = logging.getLogger(__name__)
 
 OnRefused = Callable[[str, str], None]
 """``on_refused(reason, source_ip)``."""
+CheckPeer = Callable[[bytes], str | None]
+"""``check_peer(certificate_der)`` -> a refusal reason, or None to admit the connection."""
 
 
 class _Pending(asyncio.Protocol):
@@ -80,6 +84,7 @@ class GatedTLSSite(web.TCPSite):
         max_per_ip: int,
         on_refused: OnRefused,
         backlog: int = 128,
+        check_peer: CheckPeer | None = None,
     ) -> None:
         super().__init__(runner, host, port, backlog=backlog)
         self._tls = ssl_context
@@ -87,6 +92,7 @@ class GatedTLSSite(web.TCPSite):
         self._max_total = max_total
         self._max_per_ip = max_per_ip
         self._on_refused = on_refused
+        self._check_peer = check_peer
         self.by_ip: Counter[str] = Counter()
         self.unauthenticated = 0
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -147,6 +153,14 @@ class GatedTLSSite(web.TCPSite):
             self._release(ip)
         if tls is None:  # the connection closed during the handshake
             return
+        if self._check_peer is not None:
+            ssl_object = tls.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            reason = self._check_peer(der or b"")
+            if reason is not None:
+                tls.abort()
+                self._on_refused(reason, ip)
+                return
         server = self._runner.server
         if server is None or pending.lost:  # shutting down, or gone already
             tls.abort()

@@ -384,3 +384,36 @@ class SwimSync(Body):
     def from_body(cls, body: Mapping[str, Any]) -> Self:
         return cls(MemberEntry.from_wire(body["src"]), _entries(body["entries"], MAX_SYNC_ENTRIES),
                    bool(body["reply"]))
+
+
+REVOCATIONS_MAX: Final = 256 * 1024 + 4096
+"""Cap on a ``revocations`` frame: a list document of at most 256 KiB, its signature, the keys."""
+
+
+@message("revocations", {"version": int}, max_bytes=REVOCATIONS_MAX)
+@dataclass(frozen=True, slots=True)
+class Revocations(Body):
+    """The pool CA's revocation list (``frenzyd.net.revocation``), sent to a peer when it becomes live
+    and to every live peer when a newer list is adopted; answered with ``ok``, or with the receiver's
+    own list when that one is newer.  ``version`` alone (no ``list``): "this is the version I have"."""
+
+    version: int
+    list: bytes | None = None
+    """The list document's exact bytes, signed by the pool CA."""
+    sig: bytes | None = None
+    """The CA's Ed25519 signature over ``list``."""
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"version": self.version}
+        if self.list is not None and self.sig is not None:
+            body["list"], body["sig"] = self.list, self.sig
+        return body
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        raw, sig, version = body.get("list"), body.get("sig"), body["version"]
+        if (raw is None) != (sig is None) or not all(v is None or isinstance(v, bytes) for v in (raw, sig)):
+            raise FrameRejected("schema", "revocations: 'list' and 'sig' are bytes, sent together")
+        if not 0 <= version < 1 << 53:
+            raise FrameRejected("schema", f"revocations: version {version} out of range")
+        return cls(version=version, list=raw, sig=sig)

@@ -11,6 +11,8 @@ the election and the counters, ``stop``.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -23,7 +25,10 @@ from frenzyd.net.dispatch import Counters, Dispatcher, FallbackHandler, Handler,
 from frenzyd.net.election import Change, ElectionState
 from frenzyd.net.heartbeats import Heartbeats
 from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
+from frenzyd.net.revocation import REVOCATIONS_FILE, RevocationGossip, RevocationState
 from frenzyd.net.transport import CONNECTIONS_PER_PEER, CONTENT_TYPE, FRAME_OVERHEAD, MSG_PATH, Transport
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CONNECTIONS_PER_PEER", "CONTENT_TYPE", "FRAME_OVERHEAD", "MSG_PATH", "FallbackHandler", "Handler",
            "PeerNetwork", "Reply"]
@@ -73,7 +78,17 @@ class PeerNetwork:
             fallback=on_message,
             clock=clock,
         )
+        self.revocations = RevocationState(creds.ca_pem, config.node.data_dir / REVOCATIONS_FILE,
+                                           [config.pool.credentials / REVOCATIONS_FILE])
+        """The pool CA's revocation list: removed nodes are refused at TLS and per frame, and forgotten."""
+        self.dispatch.revocations = self.revocations
         self.transport = Transport(config, creds, self.dispatch, self.table, clock=clock)
+
+        def _on_peer(rec: PeerRecord, revived: bool) -> None:
+            if revived:
+                self.gossip.peer_live(rec.node_id)
+            if on_peer is not None:
+                on_peer(rec, revived)
         self.heartbeats = Heartbeats(
             config,
             creds,
@@ -84,10 +99,13 @@ class PeerNetwork:
             counters=self.counters,
             report_provider=report_provider,
             on_change=on_change,
-            on_peer=on_peer,
+            on_peer=_on_peer,
             clock=clock,
         )
         self.dispatch.bind(self.heartbeats.answer, self.heartbeats.changed)
+        self.gossip = RevocationGossip(self.revocations, self.send, self.live_peers, self._forget_removed,
+                                       self.counters)
+        self.dispatch.on("revocations", self.gossip.handle)
 
     # --- what the parts know -----------------------------------------------------------------
 
@@ -146,6 +164,25 @@ class PeerNetwork:
         skipped (counted); membership is still proved by TLS, hints are only hints."""
         self.heartbeats.add_address(address, hints, source)
 
+    def _forget_removed(self, node_id: str) -> None:
+        """A node the revocation list names: out of the peer table and the election's view."""
+        if node_id == self.creds.node_id:
+            log.error("this node (%s) was removed from the pool by its CA: peers refuse it; enrol it "
+                      "again ('frenzy-client pool add-node') to rejoin", node_id[:12])
+            return
+        rec = self.table.get(node_id)
+        self.table.forget(node_id)
+        self.election.forget(node_id)
+        if rec is not None:
+            log.warning("peer %s (%s) was removed from the pool: forgotten", rec.name, node_id[:12])
+        self.tick()
+
+    def accept_revocations(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A revocation list from the client API (``revocations.json``'s JSON): adopt it if newer
+        (and pass it on); RevocationError (an AuthError) when it is forged, malformed or older."""
+        adopted = self.revocations.offer_file(json.dumps(dict(doc)).encode())
+        return {"version": self.revocations.version, "adopted": adopted, **self.revocations.summary()}
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -156,6 +193,7 @@ class PeerNetwork:
     async def stop(self) -> None:
         """Stop heartbeats, close the client session and the server (idempotent)."""
         await self.heartbeats.stop()
+        await self.gossip.close()
         await self.transport.stop()
 
     # --- liveness ----------------------------------------------------------------------------

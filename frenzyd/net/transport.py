@@ -119,6 +119,7 @@ class Transport:
             max_per_ip=net.max_unauthenticated_per_ip,
             on_refused=self._count_door_refusal,
             backlog=128,
+            check_peer=self.dispatch.refuse_certificate,
         )
         self.site = site
         try:
@@ -250,6 +251,7 @@ class Transport:
             raise self._fail("transport", f"{address}: {exc}") from exc
         try:
             peer_id, _ = auth.peer_identity_from_der(self.creds.ca_pem, der)
+            self.dispatch.check_peer(peer_id, der)
         except AuthError as exc:
             self.counters.auth_refusals[exc.reason] += 1
             raise self._fail(exc.reason, f"{address}: {exc}") from exc

@@ -39,7 +39,7 @@ from frenzyd.jobs.messages import (
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment, new_record
 from frenzyd.net import messages as swim
 from frenzyd.net import wire
-from frenzyd.net.messages import Heartbeat, HeartbeatReport
+from frenzyd.net.messages import Heartbeat, HeartbeatReport, Revocations
 
 SPEC = JobSpec(argv=("train.py", "--lr", "3e-4"), payload_sha256="ab" * 32, payload_size=1234,
                python_version="3.11.7", torch_version="2.13.0", name="golden", model="gpt2",
@@ -114,6 +114,8 @@ def frames() -> dict[str, bytes]:
         "reply.launch": wire.encode("ok", LaunchAck(29500).to_body()),
         "reply.attempt": wire.encode("ok", AttemptAck(2, "queued").to_body()),
         "reply.payload": wire.encode("ok", PayloadChunk(b"\x00\x01payload", 1234).to_body()),
+        "revocations": enc(Revocations(2, b'{"format":"frenzy-revocations","version":2}', bytes(range(64)))),
+        "revocations.version": enc(Revocations(0)),
     }
 
 
