@@ -1,4 +1,4 @@
-"""Frenzy's rules on hand-built snapshots where each one decides the outcome: shrink, grow, starvation."""
+"""Frenzy's rules on hand-built snapshots: through the whole policy, then each rule function on its own."""
 
 from __future__ import annotations
 
@@ -6,8 +6,21 @@ import random
 
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.has import frenzy
+from frenzyd.has.free_gpus import FreeGpus, fullest_first
 from frenzyd.has.frenzy import FrenzyPolicy
+from frenzyd.has.frenzy_rules import (
+    Round,
+    cheapest_plan,
+    grow,
+    order_queue,
+    place,
+    relieve_starvation,
+    shrink_blocked,
+    upgrade,
+    yield_gpus,
+)
 from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, JobView, RunningJob, Snapshot
+from frenzyd.has.plan_shape import Shapes
 from frenzyd.has.speed import JobSpeed
 from frenzyd.marp.spec import Plan
 
@@ -237,3 +250,206 @@ def test_a_job_on_slow_gpus_moves_to_freed_fast_ones_when_the_sum_of_completions
     # Control: the waiting job is the shorter one on the fast type (shortest remaining time first).
     d = FrenzyPolicy().decide(upgrade_case(fast_speed / 3.0, 100.0), random.Random(0))
     assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("waiting", TYPE)]
+
+
+# ----------------------------------------------------------------------------- each rule on its own
+# The rules of frenzy_rules, called one at a time on a Round built from a hand-made snapshot.
+
+
+def rules_round(snap: Snapshot) -> Round:
+    def no_step(run: RunningJob, speeds: dict[str, float]) -> float:
+        raise AssertionError("every running job here carries its step time")
+
+    return Round(snap, Shapes(), min_run_s=frenzy.SHRINK_MIN_RUN_S, step_of=no_step)
+
+
+def test_free_gpu_index_counts_and_picks_as_pick_packed() -> None:
+    a = tuple(Gpu("peer-a", i, TYPE) for i in range(3))
+    b = tuple(Gpu("peer-b", i, TYPE) for i in range(2))
+    s = (Gpu("peer-c", 0, SLOW),)
+    free = FreeGpus(a + b + s)
+    assert free.count == {TYPE: 5, SLOW: 1}
+    assert free.fullest(TYPE) == [(-3, "peer-a"), (-2, "peer-b")]
+    assert free.peers_for(TYPE, 2, 1) == 1
+    assert free.peers_for(TYPE, 5, 1) == 2
+    assert free.peers_for(TYPE, 6, 1) == 0
+    assert free.peers_for(TYPE, 4, 2) == 2  # two whole tp pairs: one from each peer
+    got = free.place(plan(2, 1.0))  # best fit: peer-b holds 2 with nothing to spare
+    assert got == list(b)
+    assert free.count[TYPE] == 3
+    assert "peer-b" not in free.by_type[TYPE]
+    assert free.fullest(TYPE) == fullest_first(free.by_type[TYPE])
+    free.give(b[:1])
+    assert free.count[TYPE] == 4
+    assert free.fullest(TYPE) == [(-3, "peer-a"), (-1, "peer-b")]
+    # hand_over: the released GPUs join the free ones only when together they hold the plan.
+    assert free.hand_over([], plan(5, 1.0)) is None
+    assert free.count[TYPE] == 4
+    taken = free.hand_over([b[1]], plan(5, 1.0))
+    assert taken is not None
+    assert set(taken) == set(a + b)
+    assert free.count[TYPE] == 0
+    assert free.any_free()
+    assert not free.any_free_outside({SLOW})
+
+
+def test_order_queue_is_aged_shortest_remaining_time_first() -> None:
+    cluster, gpus = one_peer()
+    now = 10_000.0
+    short = job("short", now - 10.0, (plan(1, 1.0),), remaining=1000.0)  # key 1000 − 2.5
+    old = job("old", now - 8000.0, (plan(1, 1.0),), remaining=2500.0)  # key 2500 − 2000 = 500
+    young = job("young", now - 10.0, (plan(1, 1.0),), remaining=2500.0)  # key 2497.5
+    rnd = rules_round(Snapshot(now, "arrival", cluster, gpus, (young, short, old), ()))
+    assert [j.job_id for j in order_queue(rnd, (young, short, old))] == ["old", "short", "young"]
+    assert set(rnd.shapes) == {"young", "short", "old"}
+
+
+def test_upgrade_alone_moves_the_slow_job_and_frees_its_gpus() -> None:
+    snap = upgrade_case(GPU_TYPES[TYPE].speed / 3.0, 1_000_000.0)
+    rnd = rules_round(snap)
+    upgrade(rnd, order_queue(rnd, snap.queued))
+    assert [(p.job_id, p.plan.gpu_type) for p in rnd.placements] == [("mover", TYPE)]
+    assert rnd.moved == {"mover"}
+    assert rnd.free.count == {TYPE: 0, SLOW: 4}  # the fast GPUs taken, the slow ones given back
+    # Control: the waiting job is shorter on the fast type: nothing moves, nothing changes.
+    snap = upgrade_case(GPU_TYPES[TYPE].speed / 3.0, 100.0)
+    rnd = rules_round(snap)
+    upgrade(rnd, order_queue(rnd, snap.queued))
+    assert rnd.placements == []
+    assert rnd.free.count == {TYPE: 4}
+
+
+def test_cheapest_plan_prefers_the_smaller_memory_type_within_the_slack() -> None:
+    cluster, fast, slow = fast_and_slow()
+    now = 100.0
+    close = frenzy.MEMORY_SLACK / 2  # the slow type's plan costs 7.5 % more
+    pick = job("pick", now, (plan(2, 1.0), on_slow(2, 1.0 + close)), remaining=100.0)
+    rnd = rules_round(Snapshot(now, "arrival", cluster, fast + slow, (pick,), ()))
+    order_queue(rnd, (pick,))
+    choice = cheapest_plan(rnd, pick, rnd.shapes["pick"], frenzy.GAMMA)
+    assert choice is not None
+    assert choice[2].gpu_type == SLOW
+    far = job("far", now, (plan(2, 1.0), on_slow(2, 1.0 + 2 * frenzy.MEMORY_SLACK)), remaining=100.0)
+    order_queue(rnd, (far,))
+    choice = cheapest_plan(rnd, far, rnd.shapes["far"], frenzy.GAMMA)
+    assert choice is not None
+    assert choice[2].gpu_type == TYPE
+    # No type with room (both reserved): None, and the plan set is marked stuck for the round.
+    rnd.reserved |= {TYPE, SLOW}
+    assert cheapest_plan(rnd, far, rnd.shapes["far"], frenzy.GAMMA) is None
+    assert id(rnd.shapes["far"]) in rnd.stuck
+
+
+def test_cheapest_plan_weighs_gpus_by_gamma() -> None:
+    cluster, gpus = one_peer()
+    # 4 GPUs at 0.6 of the 1-GPU step: 0.6 x 4**0.678 = 1.52 > 1 while others wait, 0.85 alone.
+    solo = job("solo", 0.0, (plan(1, 1.0), plan(4, 0.6)), remaining=100.0)
+    rnd = rules_round(Snapshot(100.0, "arrival", cluster, gpus, (solo,), ()))
+    order_queue(rnd, (solo,))
+    shape = rnd.shapes["solo"]
+    assert cheapest_plan(rnd, solo, shape, frenzy.GAMMA) == (1.0, 1, solo.plans[0])
+    got = cheapest_plan(rnd, solo, shape, frenzy.GAMMA_ALONE)
+    assert got is not None
+    assert got[2] == solo.plans[1]
+
+
+def test_place_takes_the_best_fitting_peer() -> None:
+    a = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
+    b = tuple(Gpu("peer-b", i, TYPE) for i in range(2))
+    cluster = Cluster((GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed),), a + b)
+    two = job("two", 0.0, (plan(2, 1.0),), remaining=10.0)
+    rnd = rules_round(Snapshot(10.0, "arrival", cluster, a + b, (two,), ()))
+    rnd.room = rnd.free.any_free_outside(rnd.reserved)  # as decide sets it before the queue pass
+    place(rnd, two, two.plans[0])
+    assert [p.gpus for p in rnd.placements] == [b]  # peer-b holds 2 with none to spare
+    assert rnd.free.count[TYPE] == 4
+    assert rnd.room
+    place(rnd, two, plan(4, 1.0))
+    assert rnd.free.count[TYPE] == 0
+    assert not rnd.room
+
+
+def test_yield_gpus_alone_gives_the_fast_gpus_to_the_short_job() -> None:
+    snap = quiet_case(3.0, 100_000.0)
+    rnd = rules_round(snap)
+    order_queue(rnd, snap.queued)
+    short = snap.queued[0]
+    shape = rnd.shapes["short"]
+    choice = cheapest_plan(rnd, short, shape, frenzy.GAMMA_ALONE)
+    assert choice is not None
+    assert choice[2].gpu_type == SLOW
+    assert yield_gpus(rnd, short, shape, frenzy.GAMMA_ALONE, choice)
+    assert {p.job_id: (p.plan.gpu_type, p.plan.gpus) for p in rnd.placements} == {
+        "long": (TYPE, 2),
+        "short": (TYPE, 2),
+    }
+    assert rnd.shrink_tries == frenzy.SHRINK_TRIES - 1
+    assert rnd.moved == {"long"}
+    # With no tries left the rule does nothing.
+    rnd = rules_round(snap)
+    order_queue(rnd, snap.queued)
+    rnd.shrink_tries = 0
+    assert not yield_gpus(rnd, short, shape, frenzy.GAMMA_ALONE, choice)
+    assert rnd.placements == []
+
+
+def test_shrink_blocked_alone_shrinks_or_stops_the_longer_job() -> None:
+    snap = shrink_case(100_000.0)
+    rnd = rules_round(snap)
+    order_queue(rnd, snap.queued)
+    short = snap.queued[0]
+    assert shrink_blocked(rnd, short, rnd.shapes["short"], frenzy.GAMMA_ALONE)
+    assert sorted((p.job_id, p.plan.gpus) for p in rnd.placements) == [("long", 2), ("short", 2)]
+    assert rnd.preemptions == []
+    # A donor with no smaller plan that frees enough is stopped (requeued with its progress).
+    cluster, gpus = one_peer()
+    long = job("long", 0.0, (plan(4, 1.0),), remaining=100_000.0)
+    running = (RunningJob(long, long.plans[0], gpus, 3000.0, step_time_s=1.0),)
+    snap = Snapshot(3600.0, "arrival", cluster, (), snap.queued, running)
+    rnd = rules_round(snap)
+    order_queue(rnd, snap.queued)
+    assert shrink_blocked(rnd, short, rnd.shapes["short"], frenzy.GAMMA_ALONE)
+    assert rnd.preemptions == ["long"]
+    assert [p.job_id for p in rnd.placements] == ["short"]
+    # Control: the donor started less than min_run_s ago.
+    running = (RunningJob(long, long.plans[0], gpus, 3600.0 - 60.0, step_time_s=1.0),)
+    rnd = rules_round(Snapshot(3600.0, "arrival", cluster, (), snap.queued, running))
+    order_queue(rnd, snap.queued)
+    assert not shrink_blocked(rnd, short, rnd.shapes["short"], frenzy.GAMMA_ALONE)
+
+
+def test_relieve_starvation_alone_moves_a_holder_or_reserves_the_type() -> None:
+    fast_speed = GPU_TYPES[TYPE].speed
+    for slow_speed, expected in ((fast_speed / 1.5, "move"), (fast_speed / 3.0, "reserve")):
+        snap = starving_case(frenzy.STARVATION_S + 600.0, slow_speed)
+        rnd = rules_round(snap)
+        order_queue(rnd, snap.queued)
+        head = snap.queued[0]
+        relieve_starvation(rnd, head, rnd.shapes["head"], frenzy.GAMMA_ALONE, {TYPE: 4, SLOW: 4})
+        if expected == "move":
+            assert {p.job_id: p.plan.gpu_type for p in rnd.placements} == {"holder": SLOW, "head": TYPE}
+            assert rnd.reserved == set()
+        else:
+            assert rnd.placements == []
+            assert rnd.reserved == {TYPE}
+    # Not starving yet: nothing.
+    snap = starving_case(frenzy.STARVATION_S - 600.0, fast_speed / 3.0)
+    rnd = rules_round(snap)
+    order_queue(rnd, snap.queued)
+    relieve_starvation(rnd, snap.queued[0], rnd.shapes["head"], frenzy.GAMMA_ALONE, {TYPE: 4, SLOW: 4})
+    assert rnd.placements == []
+    assert rnd.reserved == set()
+
+
+def test_grow_alone_uses_only_the_idle_gpus_it_is_given() -> None:
+    snap = grow_case(1000.0)
+    rnd = rules_round(snap)
+    moves = grow(rnd, dict(rnd.free.count))
+    assert [(p.job_id, len(p.gpus)) for p in moves] == [("solo", 4)]
+    assert rnd.free.count[TYPE] == 0
+    # The same GPUs withheld (a waiting job wants the type): no growth.
+    rnd = rules_round(snap)
+    assert grow(rnd, {TYPE: 0}) == []
+    # A job changed earlier in the round is skipped.
+    rnd = rules_round(snap)
+    assert grow(rnd, dict(rnd.free.count), skip={"solo"}) == []

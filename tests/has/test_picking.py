@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzyd.has.frenzy import _fullest_first, _pick_ordered, _take
+from frenzyd.has.free_gpus import fullest_first as _fullest_first
+from frenzyd.has.free_gpus import pick_ordered as _pick_ordered
+from frenzyd.has.free_gpus import take_chunks as _take
 from frenzyd.has.interface import Gpu, pick_packed
 
 # Free GPUs of one type: per peer (names that sort in a different order than they are drawn), 0-8 each.

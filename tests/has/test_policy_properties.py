@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simcase import make_cluster, make_jobs, random_snapshot
 
-from frenzyd.has import frenzy
+from frenzyd.has import frenzy, frenzy_rules
 from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.has.interface import Decision, RunningJob, Snapshot, peers_of, tp_inside_peers
 from frenzyd.has.registry import BUILTIN, load_policy
@@ -154,7 +154,7 @@ def test_frenzy_decisions_stay_valid_when_the_queue_starves(monkeypatch: pytest.
     which few random snapshots have; the sweep is checked to contain such moves.  The upgrade onto
     faster free GPUs is off here, so the moves counted are starvation moves.
     """
-    monkeypatch.setattr(frenzy, "UPGRADE_TRIES", 0)
+    monkeypatch.setattr(frenzy_rules, "UPGRADE_TRIES", 0)
     moves = 0
     for seed in range(300):
         rng = random.Random(seed)
@@ -183,8 +183,8 @@ def test_frenzy_moves_a_running_job_to_a_faster_type_only_when_the_sum_of_comple
     Seeded sweep: such moves need a job on slow GPUs that is shorter than every waiting job that can
     use the freed type, which few random snapshots have; the sweep is checked to contain some.
     """
-    monkeypatch.setattr(frenzy, "GROW_TRIES", 0)
-    monkeypatch.setattr(frenzy, "STARVATION_S", float("inf"))
+    monkeypatch.setattr(frenzy_rules, "GROW_TRIES", 0)
+    monkeypatch.setattr(frenzy_rules, "STARVATION_S", float("inf"))
     upgrades = 0
     for seed in range(2000):
         rng = random.Random(seed)
