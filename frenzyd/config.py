@@ -192,8 +192,9 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "true",
         "run each job's ranks as a slot account of its own (slot_prefix + 1, 2, ...: scripts/install "
         "--slots N makes them), one per job running here; needs root or CAP_SETUID/CAP_SETGID/CAP_KILL. "
-        "Without them (or false) ranks run as the daemon's user and only its own user's jobs run here "
-        "(the status says why)",
+        "A daemon without those capabilities runs ranks as its own user and only its own user's jobs; "
+        "without slot accounts (or false) every job runs as the daemon's user (a warning at start); the "
+        "status says which and why",
     ),
     ("launcher", "slot_prefix", "\"frenzy-slot\"", "name prefix of the slot accounts"),
     (

@@ -483,6 +483,8 @@ async def test_a_pool_job_runs_as_a_slot_and_leaves_nothing_behind(
         assert int((dest / "uid.txt").read_text()) == pwd.getpwnam(f"{slot_prefix}1").pw_uid
         host = made[0]
         await orch_harness.eventually(lambda: not host.isolation.busy)
+        logged = await asyncio.to_thread((host.log_dir / f"{rec.id}.a1.rank0.log").read_text)
+        assert f"rank 0 as {slot_prefix}1" in logged  # kept on the rank host too (rotated, bounded)
         assert await asyncio.to_thread(os.listdir, execute_dir) == []
         if host.cgroups is not None:
             assert not await asyncio.to_thread(host.cgroups.path(f"{rec.id}.a1").exists)
