@@ -10,7 +10,8 @@ Each rank runs ``frenzyd.trainer.loop.train`` (one torch thread per rank);
 rank 0's summary (``Summary.to_json()``, with every rank's ``memory`` record)
 is added to the results file as each task finishes.  A rank that fails ends
 its task (the others would wait for it until the gloo timeout); the next task
-still runs.
+still runs.  ``fork_ranks`` is the forking itself, shared with the trainer
+tests' process groups (tests/trainer/worker.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,21 +106,29 @@ def _preload() -> None:
     import frenzyd.trainer.loop  # noqa: F401
 
 
-def _run_task(task: dict[str, Any], world: int, logdir: Path, results_path: Path) -> bool:
-    """Fork ``world`` fresh rank processes for one task; True when every rank exited 0."""
-    port = free_port()
+def fork_ranks(world: int, logdir: Path, rank_main: Callable[[], int], *, port: int | None = None,
+               fresh_logs: bool = False) -> bool:
+    """Fork ``world`` rank processes, each with torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
+    and MASTER_PORT and its stdout/stderr in ``LOGDIR/ws{world}-rank{r}.log`` (appended to, or
+    truncated when ``fresh_logs``), that run ``rank_main()`` and exit with what it returns (1 and
+    the traceback in the log when it raises).  The caller must not have run a torch op (forking
+    is safe then).  A rank that fails gets the others killed (they would wait for it until the
+    gloo timeout).  True when every rank exited 0.  Also the test suite's runner
+    (tests/trainer/worker.py)."""
+    port = free_port() if port is None else port
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh_logs else os.O_APPEND)
     pids = {}
     for rank in range(world):
         pid = os.fork()
         if pid == 0:
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            fd = os.open(logdir / f"ws{world}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            fd = os.open(logdir / f"ws{world}-rank{rank}.log", flags)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             code = 1
             try:
-                code = _rank_main(task, str(results_path))
+                code = rank_main()
             except BaseException:
                 import traceback
 
@@ -133,10 +143,15 @@ def _run_task(task: dict[str, Any], world: int, logdir: Path, results_path: Path
         _pid, status = os.wait()
         if os.waitstatus_to_exitcode(status) != 0:
             failed += 1
-            for other in pids:  # one rank failed: the others would wait for it until the gloo timeout
+            for other in pids:
                 with contextlib.suppress(ProcessLookupError, ChildProcessError):
                     os.kill(other, signal.SIGKILL)
     return failed == 0
+
+
+def _run_task(task: dict[str, Any], world: int, logdir: Path, results_path: Path) -> bool:
+    """Fork ``world`` fresh rank processes for one task; True when every rank exited 0."""
+    return fork_ranks(world, logdir, lambda: _rank_main(task, str(results_path)))
 
 
 def _launch(scenario_path: str, world: int, logdir: Path) -> int:

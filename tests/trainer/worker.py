@@ -8,12 +8,12 @@ of CPU per process) is paid once per group.  Each task is a plan (dict), an outp
 checkpoint directory, and optionally ``stop_at``: after that step the last
 rank sends itself SIGTERM (the trainer's own handler), so the group stops and
 checkpoints exactly as under a real preemption.  Rank 0 appends each task's
-summary to the results file as it finishes.
+summary to the results file as it finishes.  The forking is the benchmarks'
+(``scripts/_trainer_group.fork_ranks``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -106,37 +106,13 @@ def _preload() -> None:
 
 
 def launch(scenario: str, world: int, port: int, logdir: Path) -> int:
-    _preload()
-    pids = {}
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            fd = os.open(logdir / f"ws{world}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            code = 1
-            try:
-                code = main(scenario)
-            except BaseException:
-                import traceback
+    """Import once, then fork the group's ranks with ``scripts/_trainer_group.fork_ranks`` (the
+    benchmarks' runner); all of the scenario's tasks run in that one group."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from _trainer_group import fork_ranks
 
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = rank
-    failed = 0
-    for _ in range(world):
-        pid, status = os.wait()
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed += 1
-            for other in pids:  # one rank failed: the others would wait for it until the gloo timeout
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(other, signal.SIGKILL)
-    return 1 if failed else 0
+    _preload()
+    return 0 if fork_ranks(world, logdir, lambda: main(scenario), port=port, fresh_logs=True) else 1
 
 
 if __name__ == "__main__":
