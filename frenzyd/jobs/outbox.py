@@ -21,11 +21,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frenzyd.errors import WireError
+from frenzyd.jobs.context import SEND_TIMEOUT_S
 from frenzyd.jobs.messages import JobExit
 from frenzyd.jobs.model import valid_job_id
 from frenzyd.jobs.store import atomic_write
 
 log = logging.getLogger(__name__)
+
+SLOW_SEND_BYTES_S = 1 << 20
+"""Bytes a second a delivery is allowed at the least, on top of ``SEND_TIMEOUT_S``: a submitter whose
+cores its own ranks keep busy took seconds for one 1 MiB chunk (results/live.md, finding 3)."""
+SLOW_MERGE_BYTES_S = 2 << 20
+"""Bytes a second the submitter is allowed for the work a checkpoint part's (or the results') last chunk
+starts before it answers: hash, unpack, merge with the other hosts' parts, repack, all of the part."""
+MAX_CHECKPOINT_TRIES = 3
+"""Deliveries of a stopped attempt's checkpoint part that may time out before its exit report goes
+without it (the next attempt then resumes from the last copy the submitter took while it ran)."""
+
+
+def delivery_timeout_s(nbytes: int, then_bytes: int = 0) -> float:
+    """How long to wait for the answer to a message of ``nbytes`` whose receiver works through
+    ``then_bytes`` more before it answers: ``SEND_TIMEOUT_S`` plus both at the slow rates above (a
+    1 MiB chunk: 11 s; the last chunk of a 90 MB checkpoint part: 54 s), not 10 s whatever the size."""
+    if nbytes < 0 or then_bytes < 0:
+        raise ValueError("byte counts must be non-negative")
+    return SEND_TIMEOUT_S + nbytes / SLOW_SEND_BYTES_S + then_bytes / SLOW_MERGE_BYTES_S
+
+
+def timed_out(exc: BaseException) -> bool:
+    """The receiver did not answer in time (it is there, only slow), as opposed to unreachable/refused."""
+    return isinstance(exc, TimeoutError) or getattr(exc, "reason", None) == "timeout"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ from frenzyd.jobs.model import (
     JobSpec,
     LeaseTable,
 )
-from frenzyd.jobs.outbox import Outbox, OutboxEntry
+from frenzyd.jobs.outbox import MAX_CHECKPOINT_TRIES, Outbox, OutboxEntry, delivery_timeout_s, timed_out
 
 OUTPUT_DRAIN_S = 30.0
 """Longest an exit report waits for the attempt's remaining output to be delivered."""
@@ -177,6 +177,13 @@ def _seed_checkpoint(run_dir: Path, ckpt: Path) -> Path | None:
         return None
     log.info("resuming from %s", best[1])
     return best[1]
+
+
+def _chunk_timeout_s(offset: int, total: int) -> float:
+    """The send timeout of the chunk at ``offset`` of ``total`` bytes: sized by the chunk, and for the
+    last one also by the whole, which the receiver then checks and unpacks before it answers."""
+    size = max(0, min(CHUNK, total - offset))
+    return delivery_timeout_s(size, total if offset + CHUNK >= total else 0)
 
 
 class RankHostRole:
@@ -588,7 +595,8 @@ class RankHostRole:
                 for off in range(0, max(len(data), 1), CHUNK):
                     chunk = JobCheckpoint(run.job_id, run.attempt, step, hosts, off, len(data), sha,
                                           data[off:off + CHUNK])
-                    ack = Ack.from_body(await self.ctx.send(run.submitter, chunk, SEND_TIMEOUT_S))
+                    ack = Ack.from_body(await self.ctx.send(run.submitter, chunk,
+                                                            _chunk_timeout_s(off, len(data))))
                     if not ack.ok:
                         raise LaunchError(ack.reason)
             except (FrenzyError, OSError) as exc:
@@ -600,14 +608,15 @@ class RankHostRole:
     async def _send_checkpoint(self, entry: OutboxEntry) -> None:
         """This host's checkpoint part, in chunks, before the exit report: by the time the submitter
         requeues the job, the checkpoint the next attempt resumes from is whole.  A refusal (a
-        stale attempt, the cap) loses only the checkpoint, never the exit report."""
+        stale attempt, the cap) loses only the checkpoint, never the exit report.  Each chunk is
+        given time by its size, the last one also for the merge it starts (``delivery_timeout_s``)."""
         assert entry.checkpoint is not None
         job_id, attempt = entry.key
         step, hosts, sha = entry.checkpoint
         data = await asyncio.to_thread(self.outbox.checkpoint, entry)
         for off in range(0, max(len(data), 1), CHUNK):
             chunk = JobCheckpoint(job_id, attempt, step, hosts, off, len(data), sha, data[off:off + CHUNK])
-            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, SEND_TIMEOUT_S))
+            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, _chunk_timeout_s(off, len(data))))
             if not ack.ok:
                 log.info("job %s attempt %d: checkpoint step %d refused: %s", job_id, attempt, step,
                          ack.reason)
@@ -639,25 +648,44 @@ class RankHostRole:
             await self.ctx.send(coordinator, report, SEND_TIMEOUT_S)
 
     async def _deliver(self, entry: OutboxEntry, results: bytes | None = None) -> None:
-        """Send an outbox entry to its submitter (results first), retrying with backoff for as long
-        as ``retention_s`` lasts; remove it once acknowledged or refused as stale."""
+        """Send an outbox entry to its submitter (checkpoint part and results first), retrying for as
+        long as ``retention_s`` lasts; remove it once acknowledged or refused as stale.
+
+        A part that was taken is not sent again.  A submitter in the view that only answered too late
+        (busy, not gone) is tried again after a heartbeat; an unreachable one with a growing backoff.
+        After ``MAX_CHECKPOINT_TRIES`` timed-out tries of the checkpoint part the report goes without
+        it, so a slow submitter delays the job's requeue by a bounded time."""
         job_id, attempt = entry.key
         delay = self.ctx.heartbeat_s
+        checkpoint_due, results_due, checkpoint_tries = entry.checkpoint is not None, entry.has_results, 0
         while self.ctx.clock() < entry.created_at + self.retention_s:
             try:
-                if entry.checkpoint is not None:
+                if checkpoint_due:
+                    checkpoint_tries += 1
                     await self._send_checkpoint(entry)
-                if entry.has_results:
+                    checkpoint_due = False
+                if results_due:
                     await self._send_results(entry, results)
+                    results_due = False
                 await self.ctx.send(entry.submitter, entry.report, SEND_TIMEOUT_S)
             except LaunchError as exc:  # refused for good (stale attempt, over the cap)
                 log.warning("job %s attempt %d: %s; dropping it", job_id, attempt, exc)
                 break
             except (FrenzyError, OSError) as exc:
+                slow = timed_out(exc) and entry.submitter in self.ctx.view().peers
+                if slow and checkpoint_due and checkpoint_tries >= MAX_CHECKPOINT_TRIES:
+                    log.warning("job %s attempt %d: the submitter did not take this host's checkpoint in "
+                                "%d tries (%s); the exit report goes without it", job_id, attempt,
+                                checkpoint_tries, exc)
+                    checkpoint_due = False
+                wait = self.ctx.heartbeat_s if slow else delay
                 log.info("job %s attempt %d: exit report not delivered (%s); retry in %.0fs",
-                         job_id, attempt, exc, delay)
-                await self._backoff(entry.submitter, delay)
-                delay = min(delay * 2, MAX_DELIVERY_BACKOFF_S)
+                         job_id, attempt, exc, wait)
+                if slow:  # alive but busy: soon again, the backoff is for a submitter that is gone
+                    await asyncio.sleep(wait)
+                else:
+                    await self._backoff(entry.submitter, delay)
+                    delay = min(delay * 2, MAX_DELIVERY_BACKOFF_S)
                 continue
             break
         else:
@@ -684,7 +712,7 @@ class RankHostRole:
         data = results if results is not None else await asyncio.to_thread(self.outbox.results, entry)
         for off in range(0, max(len(data), 1), CHUNK):
             chunk = JobResults(job_id, attempt, off, len(data), data[off:off + CHUNK])
-            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, SEND_TIMEOUT_S))
+            ack = Ack.from_body(await self.ctx.send(entry.submitter, chunk, _chunk_timeout_s(off, len(data))))
             if not ack.ok:
                 raise LaunchError(f"results refused: {ack.reason}")
 
