@@ -350,6 +350,20 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "a user's unfinished jobs (queued or running) of this node; past it a submission is refused (429); "
         "admins are not limited; 0: no limit",
     ),
+    (
+        "jobs",
+        "keep_finished_days",
+        "30.0",
+        "a finished job's record, log, payload and results (data_dir/jobs/ID) are deleted this long after "
+        "it finished, once its results were fetched (or it has none); checked at start and hourly; "
+        "0: keep forever. Queued and running jobs are never deleted",
+    ),
+    (
+        "jobs",
+        "keep_unfetched_days",
+        "90.0",
+        "the same for a finished job whose results were never fetched; 0: keep forever",
+    ),
 )
 
 ENV_OVERRIDES: Final[Mapping[str, tuple[str, str]]] = {
@@ -542,6 +556,8 @@ class JobsSection:
     min_run_s: float = 120.0
     max_queued_per_user: int = 50
     max_active_per_user: int = 100
+    keep_finished_days: float = 30.0
+    keep_unfetched_days: float = 90.0
     policy: str = "frenzy"
 
 
@@ -901,6 +917,8 @@ def config_from_dict(
         min_run_s=jb.float_("min_run_s", 120.0),
         max_queued_per_user=jb.int_("max_queued_per_user", 50, 0, 1 << 20),
         max_active_per_user=jb.int_("max_active_per_user", 100, 0, 1 << 20),
+        keep_finished_days=jb.float_("keep_finished_days", 30.0, 0.0, 36500.0, open_lo=False),
+        keep_unfetched_days=jb.float_("keep_unfetched_days", 90.0, 0.0, 36500.0, open_lo=False),
         policy=_policy_name(jb.str_("policy", "frenzy") or "frenzy"),
     )
     return Config(

@@ -32,6 +32,7 @@ from frenzyd.config import Config
 from frenzyd.errors import ConfigError, FrenzyError
 from frenzyd.jobs.orchestrator import SIGNED_KINDS, ClusterView, Orchestrator, Versions
 from frenzyd.jobs.status import PeerState, build_status
+from frenzyd.jobs.store import keep_pruned
 from frenzyd.net import auth
 from frenzyd.net.election import Change, ElectionState, valid_stored_term
 from frenzyd.net.network import PeerNetwork
@@ -351,6 +352,11 @@ class Daemon:
             async with asyncio.TaskGroup() as tg:
                 orch_task = tg.create_task(self.orch.run(orch_stop), name="orchestrator")
                 inv_task = tg.create_task(self._inventory_loop(), name="inventory")
+                keep_task = tg.create_task(keep_pruned(
+                    self.orch.store, self.data_dir / "runs", keep_finished_days=cfg.jobs.keep_finished_days,
+                    keep_unfetched_days=cfg.jobs.keep_unfetched_days,
+                    live=lambda: {lease.job_id for lease in orch.leases.leases()}
+                    | {r.id for r in orch.store.all() if not r.terminal}), name="retention")
                 self.client_api = ClientApi(cfg.client.listen, self.data_dir, self.orch, self.status,
                                            admin_group=cfg.client.admin_group,
                                            quota=Quota(cfg.jobs.max_queued_per_user,
@@ -380,6 +386,7 @@ class Daemon:
                     log.warning("shutdown deadline passed; cancelling what is left")
                 orch_task.cancel()
                 inv_task.cancel()
+                keep_task.cancel()
         finally:
             await self._close(discovery)
             self._save_term(net.election.term)

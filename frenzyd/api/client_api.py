@@ -385,6 +385,7 @@ async def _results(request: web.Request) -> web.Response:
     data = request.app[_ORCH].store.results(job_id)
     if data is None:
         return web.json_response({"error": "no result files (yet)"}, status=404)
+    request.app[_ORCH].store.mark_fetched(job_id)  # retention: may go after [jobs] keep_finished_days
     return web.Response(body=data, content_type="application/octet-stream")
 
 

@@ -5,7 +5,14 @@ replaced atomically; older schemas are migrated when read, an unreadable one is 
 ``data_dir/quarantine/jobs/`` and counted, never silently dropped), ``payload.bin`` (the packed
 job directory), ``output.ndjson`` (one event per line: ``{"seq", "t", "attempt", "rank", "stream",
 "data"}``), ``results.bin`` (rank 0's output
-files as packed by the launcher).  Live followers get the same events through queues.
+files as packed by the launcher), ``results.fetched`` (present once a client fetched them).  Live
+followers get the same events through queues.
+
+Retention (``[jobs] keep_finished_days`` / ``keep_unfetched_days``): :meth:`JobStore.expired` names the
+finished jobs past their time (results fetched, or none: the first; never fetched: the second; 0 keeps
+forever), :meth:`JobStore.remove` deletes one, and :func:`keep_pruned` does both at start and hourly,
+with the leftover run directories (``data_dir/runs/JOB``) of jobs no longer live on this node.  A job
+that is not finished, or that someone is following, is never removed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ from frenzyd.errors import JobStateError, WireError
 from frenzyd.jobs.model import JobRecord, valid_job_id
 
 log = logging.getLogger(__name__)
+
+FETCHED_FILE = "results.fetched"
+DAY_S = 24 * 3600.0
+PRUNE_EVERY_S = 3600.0
+"""How often :func:`keep_pruned` looks for expired jobs and run leftovers."""
 
 FOLLOW_QUEUE = 10_000
 """Events buffered per live follower; a follower that falls this far behind is cut off."""
@@ -68,6 +80,8 @@ class JobStore:
         for left in self.root.glob(".incoming-*"):  # a payload half-received when the daemon stopped
             with contextlib.suppress(OSError):
                 left.unlink()
+        for left in self.root.glob(".removing-*"):  # a job removed by retention when the daemon stopped
+            shutil.rmtree(left, ignore_errors=True)
         for d in sorted(self.root.iterdir()):
             f = d / "record.json"
             if not f.is_file():
@@ -266,6 +280,47 @@ class JobStore:
         except FileNotFoundError:
             return None
 
+    # --- retention -------------------------------------------------------------------------------
+
+    def mark_fetched(self, job_id: str) -> None:
+        """Note that a client fetched the job's results (they may then go after ``keep_finished_days``)."""
+        self.get(job_id)
+        with contextlib.suppress(FileExistsError):
+            (self.dir(job_id) / FETCHED_FILE).touch(mode=0o600, exist_ok=False)
+
+    def expired(self, now: float, keep_finished_s: float, keep_unfetched_s: float) -> list[str]:
+        """The finished jobs to remove at ``now``: finished ``keep_finished_s`` ago with their results
+        fetched or with none, or ``keep_unfetched_s`` ago with results never fetched (0: keep).  Never
+        a queued or running job, nor one with a live follower."""
+        out = []
+        for rec in self._records.values():
+            if not rec.terminal or self._followers.get(rec.id):
+                continue
+            d = self.dir(rec.id)
+            fetched = (d / FETCHED_FILE).exists() or not any(d.glob("results*.bin"))
+            keep = keep_finished_s if fetched else keep_unfetched_s
+            finished = rec.finished_at if rec.finished_at is not None else rec.updated_at
+            if keep > 0 and now - finished >= keep:
+                out.append(rec.id)
+        return out
+
+    def remove(self, job_id: str) -> Path | None:
+        """Forget a finished job and move its directory aside; return where (the caller deletes it,
+        e.g. in a thread: :func:`shutil.rmtree`).  ``JobStateError`` for a job that is not finished."""
+        rec = self.get(job_id)
+        if not rec.terminal:
+            raise JobStateError(f"job {job_id} is {rec.state}: only finished jobs are removed")
+        with self._save_lock:
+            self._records.pop(job_id, None)
+        self._seq.pop(job_id, None)
+        self._followers.pop(job_id, None)
+        aside = self.root / f".removing-{job_id}"
+        try:
+            os.replace(self.dir(job_id), aside)
+        except FileNotFoundError:
+            return None
+        return aside
+
     def _publish(self, job_id: str, ev: dict[str, Any] | None) -> None:
         for q in list(self._followers.get(job_id, ())):
             try:
@@ -302,3 +357,58 @@ class JobStore:
                 yield live
         finally:
             self._followers.get(job_id, set()).discard(q)
+
+
+def stale_run_dirs(runs_dir: Path, now: float, keep_s: float, live: set[str]) -> list[Path]:
+    """Directories ``runs_dir/JOB`` (rank hosts' leftovers of earlier attempts) of jobs not in ``live``
+    whose newest file is older than ``keep_s`` (0: keep)."""
+    if keep_s <= 0:
+        return []
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for d in runs_dir.iterdir():
+            if d.name in live or not d.is_dir() or d.is_symlink():
+                continue
+            newest = d.lstat().st_mtime
+            for sub, dirs, files in os.walk(d):
+                for name in (*dirs, *files):
+                    with contextlib.suppress(OSError):
+                        newest = max(newest, os.lstat(os.path.join(sub, name)).st_mtime)
+            if now - newest >= keep_s:
+                out.append(d)
+    return out
+
+
+async def prune_once(store: JobStore, runs_dir: Path, *, keep_finished_s: float, keep_unfetched_s: float,
+                     live: Callable[[], set[str]], now: float) -> tuple[list[str], list[Path]]:
+    """Remove the expired finished jobs (:meth:`JobStore.expired`) and the run leftovers of jobs not
+    ``live()`` on this node; return what went.  Decisions on the loop, deletions in a thread."""
+    jobs = store.expired(now, keep_finished_s, keep_unfetched_s)
+    gone: list[Path] = []
+    for job_id in jobs:
+        aside = store.remove(job_id)
+        if aside is not None:
+            gone.append(aside)
+    runs = await asyncio.to_thread(stale_run_dirs, runs_dir, now, keep_finished_s, live())
+    still = live()
+    runs = [d for d in runs if d.name not in still]  # a job may have started here meanwhile
+    for path in [*gone, *runs]:
+        await asyncio.to_thread(shutil.rmtree, path, True)
+    if jobs or runs:
+        log.info("retention: removed %d finished job(s) %s and %d run leftover(s)", len(jobs),
+                 ", ".join(jobs[:10]) + (" ..." if len(jobs) > 10 else ""), len(runs))
+    return jobs, runs
+
+
+async def keep_pruned(store: JobStore, runs_dir: Path, *, keep_finished_days: float,
+                      keep_unfetched_days: float, live: Callable[[], set[str]],
+                      every_s: float = PRUNE_EVERY_S, clock: Callable[[], float] = time.time) -> None:
+    """:func:`prune_once` at start, then every ``every_s``, until cancelled (a failure is logged and
+    retried at the next round: retention must never stop the daemon)."""
+    while True:
+        try:
+            await prune_once(store, runs_dir, keep_finished_s=keep_finished_days * DAY_S,
+                             keep_unfetched_s=keep_unfetched_days * DAY_S, live=live, now=clock())
+        except (OSError, JobStateError) as exc:
+            log.warning("retention: pruning failed, retrying in %.0f s: %s", every_s, exc)
+        await asyncio.sleep(every_s)
