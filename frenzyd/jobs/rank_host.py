@@ -490,6 +490,7 @@ class RankHostRole:
             shutil.chown(path, user=run_as)
         fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         self._control[run.key] = fd
+        self._checkpoint_told[run.key] = asyncio.Event()
         buf = bytearray()
         forward = self._on_output(run)
         ranks = {r.rank for r in run.ranks}
@@ -527,8 +528,8 @@ class RankHostRole:
             return
         if msg.get("type") == "step" and rank == 0 and type(msg.get("step")) is int:
             forward(rank, "control", line + b"\n")
-        elif msg.get("type") == "checkpoint_complete":
-            self._checkpoint_told.setdefault(run.key, asyncio.Event()).set()
+        elif msg.get("type") == "checkpoint_complete" and (told := self._checkpoint_told.get(run.key)):
+            told.set()
 
     def _close_control(self, key: tuple[str, int]) -> None:
         self._checkpoint_told.pop(key, None)
@@ -575,7 +576,7 @@ class RankHostRole:
         few seconds on 2 cores)."""
         floor = max(2.0, 4 * self.ctx.heartbeat_s)
         every = floor
-        told = self._checkpoint_told.setdefault(run.key, asyncio.Event())
+        told = self._checkpoint_told.get(run.key) or asyncio.Event()  # a checkpointable script's
         while not run.done:
             await asyncio.sleep(floor)
             if every > floor:  # a rank's "checkpoint complete" ends the wait early
