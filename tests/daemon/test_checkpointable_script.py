@@ -15,7 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import frenzyd.examples
+from frenzy_client import cmd_jobs, trainer_job
+from frenzyd.errors import ConfigError
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.rank_host import CONTROL_CHANNEL, rank_command
 
@@ -65,6 +69,32 @@ def test_a_checkpointable_script_gets_its_checkpoint_dir_and_control_channel(tmp
     assert json.loads(env["FRENZY_PLAN"])["model"] == "gpt2"
     plain = JobSpec(**{**spec.to_dict(), "argv": ("train.py",), "checkpointable": False})
     assert "checkpointable" not in plain.to_dict()  # a plain script's frames are unchanged
+
+
+def test_the_client_flag_declares_a_script_checkpointable_and_nothing_else(tmp_path: Path) -> None:
+    shutil.copy(EXAMPLE, tmp_path / EXAMPLE.name)
+    p = cmd_jobs.argparse.ArgumentParser()
+    cmd_jobs.register(p.add_subparsers())
+
+    def request(*argv: str) -> dict[str, Any]:
+        return cmd_jobs.build_request(p.parse_args(["run", *argv]), tmp_path)
+
+    req = request("--checkpointable", "--model", "tiny-llama", "--seq-len", "16", "--steps", "9", "--",
+                  EXAMPLE.name, "--sleep", "0")
+    assert req["checkpointable"] is True
+    assert req["argv"] == [EXAMPLE.name, "--sleep", "0"]
+    assert "checkpointable" not in request("--nproc", "1", "--mem-per-rank", "1GiB", "--", EXAMPLE.name)
+    (tmp_path / "corpus.txt").write_text("abc " * 100)
+    with pytest.raises(trainer_job.UsageError, match="always checkpoints"):
+        request("--checkpointable", "--model", "tiny-llama", "--data", "corpus.txt", "--seq-len", "4",
+                "--global-batch", "2", "--steps", "3")
+    with pytest.raises(trainer_job.UsageError, match="give the script"):
+        request("--checkpointable", "--nproc", "1", "--mem-per-rank", "1GiB")
+    trainer = JobSpec(argv=(), payload_sha256="ab" * 32, payload_size=1, python_version="3.11.7",
+                      torch_version="2.13.0", model="tiny-llama", seq_len=16, global_batch=8, steps=3,
+                      trainer=True, data_name="corpus.txt", checkpointable=True)
+    with pytest.raises(ConfigError, match="always checkpoints"):
+        trainer.validate()
 
 
 async def test_a_checkpointable_script_is_preempted_and_resumes_from_its_step(pool: Pool,
