@@ -70,19 +70,29 @@ class CgroupTree:
     def path(self, run: str) -> Path:
         return self.root / run
 
-    def create(self, run: str) -> Path:
-        """A fresh, empty cgroup for the attempt ``run`` (a leftover of that name is killed first)."""
+    def create(self, run: str, leaf: str | None = None) -> Path:
+        """The attempt's cgroup (a leftover of that name is killed first, unless ``leaf`` is given),
+        or its child ``leaf`` (a rank's), made with whatever above it is missing."""
         path = self.path(run)
-        if path.exists():
+        if leaf is None and path.exists():
             self.kill(run)
-        for _ in range(3):  # the last attempt's removal may take the subtree away under us
-            self.root.mkdir(exist_ok=True)
+        target = path if leaf is None else path / leaf
+        for _ in range(3):  # a rank's exit may remove an empty attempt cgroup or subtree under us
             try:
-                path.mkdir(exist_ok=True)
+                for d in (self.root, path, target):
+                    d.mkdir(exist_ok=True)
             except FileNotFoundError:
                 continue
-            return path
-        raise FileNotFoundError(f"{self.root} keeps disappearing")
+            return target
+        raise FileNotFoundError(f"{target}: its parent keeps disappearing")
+
+    def prune(self, run: str) -> None:
+        """Remove the attempt's cgroup and the subtree when they are empty (the last rank exited)."""
+        for d in (self.path(run), self.root):
+            try:
+                d.rmdir()
+            except OSError:  # not empty (another rank, another attempt) or already gone
+                return
 
     def add(self, run: str, pid: int) -> None:
         """Move ``pid`` (with its threads) into the attempt's cgroup; OSError when it cannot."""

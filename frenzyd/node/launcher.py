@@ -257,6 +257,8 @@ class RankHandle:
         _killpg(self.pid, signal.SIGKILL)
         if self.cgroup is not None:
             await asyncio.to_thread(kill_cgroup, self.cgroup)
+            if self._launcher is not None and self._launcher.cgroups is not None:
+                await asyncio.to_thread(self._launcher.cgroups.prune, self.spec.run_key)
         elif self.slot is not None and self._launcher is not None \
                 and self._launcher.all_exited(self.spec.run_key):
             await asyncio.to_thread(slots_mod.kill_uid, self.slot.uid)
@@ -532,10 +534,7 @@ class Launcher:
         gate_r = gate_w = -1
         if self.cgroups is not None:
             try:
-                if not self.cgroups.path(run).is_dir():
-                    self.cgroups.create(run)
-                cg_path = self.cgroups.path(run) / f"rank{spec.rank}"
-                cg_path.mkdir(exist_ok=True)
+                cg_path = self.cgroups.create(run, f"rank{spec.rank}")
             except OSError as exc:
                 raise LaunchError(f"job {run}: cannot make its cgroup under {self.cgroups.root}: "
                                   f"{exc}") from exc
@@ -582,8 +581,8 @@ class Launcher:
             handle._pumps.append(asyncio.create_task(
                 _pump(spec.rank, stream_name, stream, on_output, rank_log)))
         self._ranks.setdefault(run, []).append(handle)
-        log.info("job %s: rank %d started (pid %d%s)", run, spec.rank, proc.pid,
-                 f", as {slot.name}" if slot is not None else "")
+        log.info("job %s attempt %d: rank %d started (pid %d%s)", spec.job_id, spec.attempt, spec.rank,
+                 proc.pid, f", as {slot.name}" if slot is not None else "")
         return handle
 
     def ranks(self, job_id: str, attempt: int) -> list[RankHandle]:
@@ -647,7 +646,8 @@ class Launcher:
             await asyncio.to_thread(self._kill_job, run)
             if pending:
                 await asyncio.wait(pending, timeout=10.0)
-            log.info("job %s: cancelled %d rank(s)", run, len(handles))
+            job_id, _, attempt = run.rpartition(".a")
+            log.info("job %s attempt %s: cancelled %d rank(s)", job_id, attempt, len(handles))
         elif run in self._ranks:
             await asyncio.to_thread(self._kill_job, run)
         await self._stop_store(run)
