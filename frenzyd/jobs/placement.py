@@ -460,7 +460,8 @@ def _declared_plans(spec: JobSpec, offers: Sequence[PeerOffer]) -> list[JobPlan]
     return [
         JobPlan(gpu_type=t, gpus=spec.nproc, dp=spec.nproc, tp=1, pp=1, zero=0, micro_batch=1, grad_accum=1,
                 bytes_per_gpu=spec.mem_per_rank, gpu_memory_bytes=m, source="declared")
-        for t, m in sorted(mem.items()) if m >= spec.mem_per_rank
+        for t, m in sorted(mem.items())
+        if m >= spec.mem_per_rank and (spec.nproc == 1 or not is_mig_type(t))  # MIG: one rank only
     ]
 
 
@@ -585,7 +586,7 @@ def schedule(
         try:
             view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom)
             model = _is_model(q.spec)
-            if not matching or (model and not cands) or (not model and len(mems) - bisect.bisect_left(
+            if not matching or not cands or (not model and len(mems) - bisect.bisect_left(
                     mems, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1)):
                 place(q.spec, offers, headroom=headroom)  # raises when it can never fit (with why)
         except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ async def test_a_real_daemon_runs_a_one_rank_job_on_a_mig_instance(
     parent = FakeGpu("NVIDIA A100-SXM4-40GB", "GPU-parent", 40 * GIB, mig=[a, b])
     busy = FakeGpu(uuid="GPU-owner", used=9 * GIB, compute=[Proc(11, 9 * GIB)])  # the owner's: withheld
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([parent, busy], names={11: "python"}))
-    d, stop = Daemon(fast_config(tmp_path, pool_creds["n1"])), asyncio.Event()
+    config = fast_config(tmp_path, pool_creds["n1"])
+    config = replace(config, jobs=replace(config.jobs, unplaceable_after_s=2.0))
+    d, stop = Daemon(config), asyncio.Event()
     task = asyncio.create_task(d.run(stop))
     try:
         await asyncio.wait_for(d.ready.wait(), 30)
@@ -114,10 +117,14 @@ async def test_a_real_daemon_runs_a_one_rank_job_on_a_mig_instance(
         dev, local = text.split()[1:3]
         assert dev in {"MIG-aaaa", "MIG-bbbb"}
         assert local == "0"
-        code, _, err = await _client(tmp_path / "n1" / "client.sock", work, "--nproc", "2",
-                                     "--mem-per-rank", "1GiB")
-        assert code == 2
-        assert "MIG" in err
+        # Two ranks never share MIG instances: the job waits, says why, and fails once it has been
+        # unplaceable for [jobs] unplaceable_after_s.
+        code, out, err = await _client(tmp_path / "n1" / "client.sock", work, "--nproc", "2",
+                                       "--mem-per-rank", "1GiB")
+        assert code == 1, (out, err)
+        final = json.loads(out.splitlines()[-1])
+        assert final["state"] == "failed"
+        assert "MIG instance(s) are left out" in final["message"]
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
