@@ -555,3 +555,36 @@ async def test_a_killed_daemon_leaves_no_escaped_rank_and_its_successor_cleans_u
         assert not slots.uid_pids(s.uid)
     if successor.cgroups is not None:
         assert not await asyncio.to_thread(successor.cgroups.root.exists)
+
+
+async def test_a_trainer_only_node_refuses_a_script_even_when_placed_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator that does not see the node's ``accept`` (the harness's view leaves the launcher
+    report out) places a script job there: the node refuses the launch, nothing runs, and the job
+    stays queued saying why."""
+    from . import orch_harness
+
+    class TrainerOnly(Launcher):
+        def __init__(self, data_dir: Path, **kw: Any) -> None:
+            iso = slots.Isolation("own-user", slots.user_name(os.geteuid()), "test", accept="trainer-only")
+            super().__init__(data_dir, isolation=iso, **kw)
+
+    monkeypatch.setattr(orch_harness, "Launcher", TrainerOnly)
+    pool = orch_harness.Pool(tmp_path)
+    try:
+        pool.add("a", 1)
+        c = pool.add("c", 0)
+        pool.coordinator = "a"
+        pool.start()
+        d = tmp_path / "job"
+        d.mkdir()
+        (d / "run.sh").write_text("touch /tmp/should-not-run\n")
+        rec = await c.orch.submit({"workdir": str(d), "argv": ["/bin/sh", "run.sh"], "nproc": 1,
+                                   "mem_per_rank": orch_harness.GIB})
+        await orch_harness.eventually(
+            lambda: "accepts only built-in trainer jobs" in (c.orch.store.get(rec.id).message or ""))
+        assert c.orch.store.get(rec.id).state == "queued"
+        assert not c.orch.store.read_output(rec.id)  # no rank ever started
+    finally:
+        await pool.close()
