@@ -95,6 +95,8 @@ def read_text(path: str, what: str) -> str:
         return Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the {what} {path!r} is not UTF-8 text: {exc}") from exc
 
 
 def load_cluster(path: str, *, alibaba_gpus: int, seed: int) -> Cluster:

@@ -691,6 +691,8 @@ def _slot_prefix(value: str) -> str:
 
 
 def _path(base: Path, text: str) -> Path:
+    if "\0" in text:  # Path.resolve() would raise ValueError("embedded null byte")
+        raise ConfigError(f"path {text[:200]!r} holds a NUL character: write the path without it")
     p = Path(text).expanduser()
     return p if p.is_absolute() else (base / p).resolve()
 

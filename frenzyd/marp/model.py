@@ -90,6 +90,8 @@ def _bool(cfg: dict[str, Any], key: str, default: bool) -> bool:
 def spec_from_config(cfg: dict[str, Any], *, name: str = "model") -> ModelSpec:
     """Map an HF config dict onto a ModelSpec; defaults are the HF config classes' (transformers 5)."""
     model_type = cfg.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):  # a list is unhashable: refuse it
+        model_type = repr(model_type)[:80]
     if model_type in _GPT2_TYPES:
         return _gpt2(cfg, name)
     if model_type in _LLAMA_TYPES:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import csv
 import io
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,8 +59,10 @@ def parse_philly_csv(text: str) -> list[TraceJob]:
             duration = float(row["duration"])
             gpus = int(float(row["num_gpus"]))
             gpu_time = float(row["gpu_time"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: num_gpus "inf"
             raise ConfigError(f"trace line {line}: cannot parse {dict(row)!r}: {exc}") from exc
+        if not (math.isfinite(duration) and math.isfinite(gpu_time)):
+            raise ConfigError(f"trace line {line}: duration and gpu_time must be finite: {dict(row)!r}")
         if duration < MIN_DURATION_S or gpus < 1:
             continue
         jobs.append(TraceJob(ts, min(duration, MAX_DURATION_S), gpus, gpu_time))
