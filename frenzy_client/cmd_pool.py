@@ -44,8 +44,29 @@ def register(sub: Any) -> None:
     add.add_argument("--bundle", type=Path, metavar="FILE",
                      help="also write the credentials as one file (mode 0600) to copy to the node and "
                      "install there with 'sudo frenzyd enroll FILE'")
+    add.add_argument("--days", type=int, default=auth.NODE_VALID_DAYS,
+                     help=f"certificate lifetime in days (default {auth.NODE_VALID_DAYS}; renew it with "
+                     "'pool renew-node')")
     add.add_argument("--json", action="store_true", help="print the result as JSON")
     add.set_defaults(handler=_add_node)
+
+    renew = psub.add_parser(
+        "renew-node",
+        help="re-issue a node's certificate for the same key (it keeps its node id)",
+        description="Issue a new certificate for the key of NODE_CERT (a node.pem, or the credentials "
+        "directory holding it; an expired one is fine), valid --days from now, and write it in place "
+        "of the old one (or to --out). Only the public key is read: the node's private key never leaves "
+        "the node. Copy the new node.pem into the node's [pool] credentials directory and restart "
+        "frenzyd there.",
+    )
+    renew.add_argument("dir", type=Path, metavar="DIR",
+                       help="the pool directory made by 'pool init' (ca.key)")
+    renew.add_argument("node_cert", type=Path, metavar="NODE_CERT", help="node.pem or its directory")
+    renew.add_argument("--out", type=Path, metavar="FILE", help="write the new certificate here instead")
+    renew.add_argument("--days", type=int, default=auth.NODE_VALID_DAYS,
+                       help=f"lifetime in days (default {auth.NODE_VALID_DAYS})")
+    renew.add_argument("--json", action="store_true", help="print the result as JSON")
+    renew.set_defaults(handler=_renew_node)
 
     rm = psub.add_parser(
         "remove-node",
@@ -96,7 +117,8 @@ def _init(args: argparse.Namespace) -> int:
 def _add_node(args: argparse.Namespace) -> int:
     if args.bundle is not None and args.bundle.exists():  # before a key is made for nothing
         raise bundle.BundleError(f"{args.bundle} exists; choose another --bundle file")
-    node = auth.add_node(args.dir, args.name, args.out)
+    auth.check_valid_days(args.days)
+    node = auth.add_node(args.dir, args.name, args.out, valid_days=args.days)
     bundle_path = bundle.write_bundle(node.out_dir, args.bundle) if args.bundle is not None else None
     if args.json:
         out = {"node_id": node.node_id, "node_name": node.node_name, "pool_id": node.pool_id,
@@ -108,6 +130,19 @@ def _add_node(args: argparse.Namespace) -> int:
         if bundle_path is not None:
             print(f"  bundle:      {bundle_path}  (secret; copy it to {node.node_name}, then there: "
                   f"sudo frenzyd enroll {bundle_path.name}; delete it afterwards)")
+    return 0
+
+
+def _renew_node(args: argparse.Namespace) -> int:
+    cert = auth.renew_node(args.dir, args.node_cert, out=args.out, valid_days=args.days)
+    if args.json:
+        print(json.dumps({"node_id": cert.node_id, "node_name": cert.node_name, "certificate": str(cert.path),
+                          "not_after": cert.not_after.isoformat()}))
+    else:
+        print(f"renewed the certificate of node {cert.node_name} (id {cert.node_id}, unchanged): "
+              f"{cert.path}, valid until {cert.not_after:%Y-%m-%d}")
+        print(f"next: copy it to the node's [pool] credentials directory as {auth.NODE_CERT_FILE} and "
+              "restart frenzyd there")
     return 0
 
 

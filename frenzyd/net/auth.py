@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,10 @@ ISSUED_FILE: Final = "issued.jsonl"
 """In the pool directory: one JSON line per certificate :func:`add_node` issued (name, node id, serial,
 fingerprint, dates), so ``pool remove-node NAME`` can name every certificate of a node."""
 CA_VALID_DAYS: Final = 3650 * 2
-NODE_VALID_DAYS: Final = 3650
+NODE_VALID_DAYS: Final = 730
+"""A node certificate's default lifetime (2 years; ``pool add-node --days``).  ``pool renew-node``
+re-issues it for the same key (the node keeps its id); ``pool remove-node`` revokes it before then."""
+MAX_NODE_VALID_DAYS: Final = 3650
 NODE_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -238,20 +242,35 @@ def _load_key(key_pem: bytes) -> Ed25519PrivateKey:
 
 
 def issue_node_cert(
-    ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_pem: bytes, now: dt.datetime
+    ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_key_pem: bytes, now: dt.datetime,
+    *, valid_days: int = NODE_VALID_DAYS,
 ) -> bytes:
-    """Sign a certificate for ``node_name``'s key with the pool CA; return its PEM.
+    """Sign a certificate for ``node_name``'s key with the pool CA, valid ``valid_days``; return its PEM.
 
     The certificate is good for both TLS roles (server and client auth) and for
     signing orders.  The node id is not stored in it: it is derived from the key.
     """
+    return _issue(ca_pem, ca_key_pem, node_name, _load_key(node_key_pem).public_key(), now,
+                  valid_days=valid_days)
+
+
+def check_valid_days(days: int) -> int:
+    """``days`` if it is a node certificate lifetime this pool issues, else ConfigError."""
+    if not 1 <= days <= MAX_NODE_VALID_DAYS:
+        raise ConfigError(f"--days {days}: a node certificate lasts 1 to {MAX_NODE_VALID_DAYS} days "
+                          f"(default {NODE_VALID_DAYS}); renew it before then with 'pool renew-node'")
+    return days
+
+
+def _issue(ca_pem: bytes, ca_key_pem: bytes, node_name: str, node_pub: Ed25519PublicKey, now: dt.datetime,
+           *, valid_days: int) -> bytes:
     x = _x509()
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     validate_node_name(node_name)
+    check_valid_days(valid_days)
     ca = _load_cert(ca_pem)
     ca_key = _load_key(ca_key_pem)
-    node_pub = _load_key(node_key_pem).public_key()
     cert = (
         x.CertificateBuilder()
         .subject_name(_name(node_name, "frenzy-node"))
@@ -259,7 +278,7 @@ def issue_node_cert(
         .public_key(node_pub)
         .serial_number(x.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=NODE_VALID_DAYS))
+        .not_valid_after(now + dt.timedelta(days=valid_days))
         .add_extension(x.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x.KeyUsage(
@@ -490,7 +509,8 @@ def create_pool(pool_dir: Path, *, name: str | None = None) -> PoolInfo:
     return PoolInfo(pool_dir=pool_dir, pool_id=pool_id_of(cert_pem), ca_cert=pool_dir / CA_FILE)
 
 
-def add_node(pool_dir: Path, name: str, out_dir: Path | None = None) -> NodeIdentity:
+def add_node(pool_dir: Path, name: str, out_dir: Path | None = None, *,
+             valid_days: int = NODE_VALID_DAYS) -> NodeIdentity:
     """Enrol node ``name``: write ``ca.pem``, ``node.pem``, ``node.key`` (0600), ``node.json`` to ``out_dir``.
 
     ``out_dir`` defaults to ``pool_dir/nodes/NAME``.  Refuses to overwrite an existing
@@ -511,7 +531,7 @@ def add_node(pool_dir: Path, name: str, out_dir: Path | None = None) -> NodeIden
         raise ConfigError(f"{out} already holds a node key; choose another --out directory")
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     key_pem = new_node_key()
-    cert_pem = issue_node_cert(ca_pem, ca_key_pem, name, key_pem, _utcnow())
+    cert_pem = issue_node_cert(ca_pem, ca_key_pem, name, key_pem, _utcnow(), valid_days=valid_days)
     node_id, _ = verify_node_cert(ca_pem, cert_pem)
     pool_id = pool_id_of(ca_pem)
     _write_private(out / NODE_KEY_FILE, key_pem)
@@ -521,6 +541,51 @@ def add_node(pool_dir: Path, name: str, out_dir: Path | None = None) -> NodeIden
     (out / NODE_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     _record_issued(pool_dir, name, node_id, cert_pem)
     return NodeIdentity(node_id=node_id, node_name=name, pool_id=pool_id, out_dir=out)
+
+
+@dataclass(frozen=True)
+class RenewedCert:
+    """A certificate :func:`renew_node` issued: for the same key, so the same node id."""
+
+    node_id: str
+    node_name: str
+    path: Path
+    not_after: dt.datetime
+
+
+def renew_node(pool_dir: Path, node: Path, *, out: Path | None = None,
+               valid_days: int = NODE_VALID_DAYS) -> RenewedCert:
+    """Issue a new certificate for the key of the node certificate ``node`` (a ``node.pem``, or the
+    credentials directory holding it; expired is fine, another pool's is not) and write it to ``out``
+    (default: in place of the old one, same mode).  Only the public key is needed: the node's private
+    key never leaves the node.  The daemon reads its certificate at start: restart it after copying."""
+    pool_dir = Path(pool_dir)
+    node = Path(node)
+    old_path = node / NODE_CERT_FILE if node.is_dir() else node
+    try:
+        ca_pem = (pool_dir / CA_FILE).read_bytes()
+        ca_key_pem = (pool_dir / CA_KEY_FILE).read_bytes()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{pool_dir} is not a pool directory with its CA key (no {exc.filename})") from exc
+    try:
+        old = old_path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the node certificate {old_path}: {exc.strerror}") from exc
+    node_id, name = verify_node_cert(ca_pem, old)  # no date check: an expired certificate is renewed
+    cert_pem = _issue(ca_pem, ca_key_pem, name, _cert_public_key(old), _utcnow(), valid_days=valid_days)
+    dest = Path(out) if out is not None else old_path
+    mode = old_path.stat().st_mode & 0o777 if dest == old_path else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(cert_pem)
+        os.chmod(tmp, mode)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _record_issued(pool_dir, name, node_id, cert_pem)
+    return RenewedCert(node_id, name, dest, certificate_dates(cert_pem)[1])
 
 
 def _record_issued(pool_dir: Path, name: str, node_id: str, cert_pem: bytes) -> None:

@@ -103,6 +103,41 @@ def test_remove_node_writes_a_signed_list_that_only_grows(
     assert info.value.reason == "forged_revocation"
 
 
+def test_renew_node_keeps_the_node_id_and_never_needs_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from frenzy_client.cli import run_cli
+
+    auth.create_pool(tmp_path / "p")
+    node = auth.add_node(tmp_path / "p", "x", tmp_path / "x", valid_days=3)
+    before = auth.load_credentials(tmp_path / "x")
+    _, not_after = auth.certificate_dates(before.cert_pem)
+    assert dt.timedelta(days=2) < not_after - dt.datetime.now(dt.UTC) <= dt.timedelta(days=3)
+    # An expired certificate (the daemon refuses to start with it) is renewed from its public half.
+    ca, ca_key = (tmp_path / "p" / "ca.pem").read_bytes(), (tmp_path / "p" / "ca.key").read_bytes()
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
+    (tmp_path / "x" / "node.pem").write_bytes(auth.issue_node_cert(ca, ca_key, "x", before.key_pem, long_ago,
+                                                                   valid_days=1))
+    with pytest.raises(AuthError, match="expired_certificate"):
+        auth.load_credentials(tmp_path / "x")
+    key = tmp_path / "x" / "node.key"
+    key.rename(tmp_path / "elsewhere.key")  # renewal never reads the node's key: it stays on the node
+    argv = ["pool", "renew-node", str(tmp_path / "p"), str(tmp_path / "x"), "--days", "400", "--json"]
+    assert run_cli(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["node_id"] == node.node_id
+    (tmp_path / "elsewhere.key").rename(key)
+    after = auth.load_credentials(tmp_path / "x")
+    assert after.node_id == before.node_id
+    assert auth.certificate_serial(after.cert_pem) != auth.certificate_serial(before.cert_pem)
+    assert auth.certificate_dates(after.cert_pem)[1] - dt.datetime.now(dt.UTC) > dt.timedelta(days=399)
+    # remove-node names every certificate issued under the name, the renewed one included.
+    lst = revocation.revoke(tmp_path / "p", ["x"])
+    assert auth.certificate_fingerprint(after.cert_pem) in lst.nodes[0].fingerprints
+    with pytest.raises(ConfigError, match="1 to 3650 days"):
+        auth.renew_node(tmp_path / "p", tmp_path / "x", valid_days=0)
+
+
 async def test_a_removed_node_is_refused_by_every_member_and_cannot_coordinate(
     nets: Any, pool: tuple[Path, dict[str, auth.Credentials]],
 ) -> None:
