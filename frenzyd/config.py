@@ -89,6 +89,14 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ),
     ("network", "mdns_entry_ttl_s", "900.0", "an mDNS service not re-announced for this long is forgotten"),
     (
+        "network",
+        "membership",
+        '"mesh"',
+        '`"mesh"`: every member heartbeats every other (its full report to all); `"swim"`: liveness by the '
+        "SWIM protocol (bounded fan-out, piggybacked gossip; `peers` are its seeds) and the full report "
+        "only to the coordinator and the peers of this node's jobs: a member's work stays flat in pool size",
+    ),
+    (
         "pool",
         "credentials",
         "required",
@@ -453,6 +461,8 @@ class NetworkSection:
     """Per-kind frame cap overrides ``(kind, bytes)``."""
     mdns_max_entries: int = 256
     mdns_entry_ttl_s: float = 900.0
+    membership: str = "mesh"
+    """``mesh`` (heartbeats to every member) or ``swim`` (frenzyd.net.membership)."""
 
     @property
     def advertise_address(self) -> str:
@@ -809,6 +819,7 @@ def config_from_dict(
         frame_caps=_frame_caps(w),
         mdns_max_entries=w.int_("mdns_max_entries", 256, 1, 1 << 20),
         mdns_entry_ttl_s=w.float_("mdns_entry_ttl_s", 900.0),
+        membership=_choice(w, "membership", ("mesh", "swim"), "mesh"),
     )
 
     creds = tables["pool"].str_("credentials", required=True)

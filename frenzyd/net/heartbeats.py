@@ -7,6 +7,12 @@ election is ticked after each round.  A slow address keeps its beat in flight an
 until it finishes, so one unreachable peer never delays the others or the election; a bug in a
 round is logged and the loop goes on.  :meth:`Heartbeats.wait_until` wakes on every round and
 every heartbeat heard, so tests and callers wait on events, not sleeps.
+
+With ``[network] membership = "swim"`` the membership protocol (``frenzyd.net.membership_net``)
+keeps the pool's liveness, and a heartbeat -- this node's full report -- goes only where it is
+needed (``targets``): to the coordinator, to the peers this node's jobs run on, and to addresses
+whose node is not known yet (how a member first finds the pool).  Each answer brings that peer's
+report back.
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ class Heartbeats:
         self._on_change = on_change
         self._on_peer = on_peer
         self._clock = clock
+        self.targets: Callable[[HeartbeatReport], set[str]] | None = None
+        """Set by the membership layer: the nodes to heartbeat, given this node's report (None: all)."""
+        self.view_listeners: list[Callable[[Change], None]] = []
+        """Told of every election change before ``on_change`` (the membership layer gossips the view)."""
         self.rounds = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._was_live: set[str] = set()
@@ -147,6 +157,17 @@ class Heartbeats:
                 log.exception("on_peer callback failed")
         self._notify()
 
+    def member_seen(self, rec: PeerRecord, revived: bool) -> None:
+        """The membership protocol changed what it says of a peer: tell ``on_peer`` and the waiters."""
+        if revived:
+            log.info("peer %s (%s) at %s is live (membership)", rec.name, rec.node_id[:12], rec.address)
+        if self._on_peer is not None:
+            try:
+                self._on_peer(rec, revived)
+            except Exception:
+                log.exception("on_peer callback failed")
+        self._notify()
+
     def changed(self, change: Change) -> None:
         """Log an election change and pass it on (also for changes a signed order causes)."""
         log.info(
@@ -157,6 +178,8 @@ class Heartbeats:
             change.after.term,
             change.reason,
         )
+        for listener in self.view_listeners:
+            listener(change)
         if self._on_change is not None:
             try:
                 self._on_change(change)
@@ -190,9 +213,10 @@ class Heartbeats:
         a slow address keeps its beat in flight and is skipped until it finishes, so
         one unreachable peer never delays the others' heartbeats or the election.
         """
-        frame = wire.encode_message(self.build())
+        hb = self.build()
+        frame = wire.encode_message(hb)
         started: list[asyncio.Task[None]] = []
-        for address in self.book.due(self._clock()):
+        for address in self._due(hb.report):
             beat = functools.partial(self._beat, address, frame)
             task = self.transport.begin(address, beat, f"heartbeat to {address}")
             if task is not None:
@@ -202,6 +226,22 @@ class Heartbeats:
         self.rounds += 1
         self.tick()
         self._notify()
+
+    def _due(self, report: HeartbeatReport) -> list[str]:
+        """Addresses to heartbeat now: every due one, or (with ``targets``) those of the target nodes
+        and those whose node is not known yet."""
+        now = self._clock()
+        if self.targets is None:
+            return self.book.due(now)
+        wanted = self.targets(report) - {self.creds.node_id}
+        known = self.book.addresses()
+        dialled = {n for n in known.values() if n is not None}
+        for node_id in wanted - dialled:  # a target learnt by gossip: dial where it says it is
+            rec = self.table.get(node_id)
+            if rec is not None and rec.address:
+                self.book.add(rec.address, "member")
+        known = self.book.addresses()
+        return [a for a in self.book.due(now) if known.get(a) is None or known[a] in wanted]
 
     async def _beat(self, address: str, frame: bytes) -> None:
         timeout_s = self.config.timing.request_timeout_s

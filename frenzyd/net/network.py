@@ -24,6 +24,7 @@ from frenzyd.net import auth, wire
 from frenzyd.net.dispatch import Counters, Dispatcher, FallbackHandler, Handler, Reply
 from frenzyd.net.election import Change, ElectionState
 from frenzyd.net.heartbeats import Heartbeats
+from frenzyd.net.membership_net import Members
 from frenzyd.net.peer_table import AddressBook, PeerRecord, PeerTable
 from frenzyd.net.revocation import REVOCATIONS_FILE, RevocationGossip, RevocationState
 from frenzyd.net.transport import CONNECTIONS_PER_PEER, CONTENT_TYPE, FRAME_OVERHEAD, MSG_PATH, Transport
@@ -103,6 +104,11 @@ class PeerNetwork:
             clock=clock,
         )
         self.dispatch.bind(self.heartbeats.answer, self.heartbeats.changed)
+        self.members: Members | None = None
+        """The membership protocol (``[network] membership = "swim"``), else None: the heartbeat mesh."""
+        if config.network.membership == "swim":
+            self.members = Members(config, creds, election, table=self.table, heartbeats=self.heartbeats,
+                                   transport=self.transport, dispatch=self.dispatch, clock=clock)
         self.gossip = RevocationGossip(self.revocations, self.send, self.live_peers, self._forget_removed,
                                        self.counters)
         self.dispatch.on("revocations", self.gossip.handle)
@@ -163,6 +169,8 @@ class PeerNetwork:
         """Learn an address to dial (discovery's ``on_found``).  A hint naming another pool is
         skipped (counted); membership is still proved by TLS, hints are only hints."""
         self.heartbeats.add_address(address, hints, source)
+        if self.members is not None:
+            self.members.found(address, hints)
 
     def _forget_removed(self, node_id: str) -> None:
         """A node the revocation list names: out of the peer table and the election's view."""
@@ -188,11 +196,15 @@ class PeerNetwork:
     async def start(self) -> None:
         """Bind the server, open the client session and start the heartbeat loop."""
         await self.transport.start()
+        if self.members is not None:
+            self.members.start()
         self.heartbeats.start()
 
     async def stop(self) -> None:
         """Stop heartbeats, close the client session and the server (idempotent)."""
         await self.heartbeats.stop()
+        if self.members is not None:
+            await self.members.stop()
         await self.gossip.close()
         await self.transport.stop()
 

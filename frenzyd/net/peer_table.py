@@ -1,9 +1,11 @@
 """Who is in the pool: authenticated peers with heartbeat liveness, and the addresses to dial (pure).
 
-Liveness comes only from authenticated heartbeats (zeroconf never reports a crashed
-peer).  ``AddressBook`` holds every address learned from config, discovery or peers'
-reports, maps each to the node that answered there, and backs off addresses that do
-not answer.  Both take the time as an argument; nothing here reads a clock.
+Liveness comes from authenticated heartbeats (zeroconf never reports a crashed peer) and, in
+``[network] membership = "swim"``, from the membership protocol: a member it holds alive or suspect
+is live though it sends this node no heartbeat (:meth:`PeerTable.member`).  ``AddressBook``
+holds every address learned from config, discovery or peers' reports, maps each to the node that
+answered there, and backs off addresses that do not answer.  Both take the time as an argument;
+nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class PeerRecord:
     report: HeartbeatReport
     first_seen: float
     last_seen: float
+    member: bool = False
+    """The membership protocol holds it alive (or suspect): live without heartbeats."""
 
 
 class PeerTable:
@@ -63,13 +67,30 @@ class PeerTable:
             report=hb.report,
             first_seen=old.first_seen if old is not None and not revived else now,
             last_seen=now,
+            member=old is not None and old.member,
         )
         self._peers[node_id] = rec
         return rec, revived
 
+    def member(self, node_id: str, *, name: str, address: str, priority: int, term: int,
+               coordinator: str | None, live: bool, now: float) -> tuple[PeerRecord, bool]:
+        """What the membership protocol says of a peer: its identity, election view and whether it
+        is live.  Its report stays the last one a heartbeat brought (empty if none did).  Returns
+        the record and whether it is newly live."""
+        old = self._peers.get(node_id)
+        was = old is not None and self.is_alive(node_id, now)
+        rec = PeerRecord(
+            node_id=node_id, name=name, address=address, priority=priority, term=term,
+            coordinator=coordinator, report=old.report if old is not None else HeartbeatReport(),
+            first_seen=old.first_seen if old is not None and was else now,
+            last_seen=old.last_seen if old is not None else -self.timeout_s, member=live,
+        )
+        self._peers[node_id] = rec
+        return rec, live and not was
+
     def is_alive(self, node_id: str, now: float) -> bool:
         rec = self._peers.get(node_id)
-        return rec is not None and now - rec.last_seen < self.timeout_s
+        return rec is not None and (rec.member or now - rec.last_seen < self.timeout_s)
 
     def live(self, now: float) -> list[str]:
         """Node ids heard within the timeout."""

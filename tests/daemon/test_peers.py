@@ -33,9 +33,10 @@ Factory = Callable[..., "asyncio.Future[PeerNetwork]"]
 async def make_net(tmp_path: Path, pool_creds: dict[str, auth.Credentials]) -> AsyncIterator[Any]:
     started: list[PeerNetwork] = []
 
-    async def make(name: str, priority: int = 0, **kw: Any) -> PeerNetwork:
+    async def make(name: str, priority: int = 0, network: dict[str, Any] | None = None,
+                   **kw: Any) -> PeerNetwork:
         creds = pool_creds[name]
-        cfg = fast_config(tmp_path, creds, priority)
+        cfg = fast_config(tmp_path, creds, priority, **(network or {}))
         el = ElectionState(
             creds.node_id, priority, started_at=time.monotonic(), grace_s=cfg.timing.election_grace_s
         )
@@ -85,6 +86,52 @@ async def test_three_nodes_mesh_elect_one_coordinator_and_fail_over(make_net: An
     assert await n1.wait_until(_agree([n1, n3]), 10.0)
     assert n3.election.role is Role.COORDINATOR
     assert n1.election.term > term
+
+
+def _gpus(name: str) -> Callable[[], dict[str, Any]]:
+    return lambda: {"gpus": [{"uuid": f"SIM-{name}-0", "type": "A10"}]}
+
+
+async def test_swim_members_join_by_gossip_report_to_the_coordinator_only_and_fail_over(
+    make_net: Any,
+) -> None:
+    swim = {"membership": "swim"}
+    n1 = await make_net("n1", 0, network=swim, report_provider=_gpus("n1"))
+    n2 = await make_net("n2", 5, network=swim, report_provider=_gpus("n2"))
+    n3 = await make_net("n3", 1, network=swim, report_provider=_gpus("n3"))
+    n4 = await make_net("n4", 0, network=swim, report_provider=_gpus("n4"))
+    for n in (n2, n3, n4):  # n1 is everyone's one seed; the others learn each other by gossip
+        n.add_address(n1.address, source="static")
+    nets = [n1, n2, n3, n4]
+    assert await n1.wait_until(_agree(nets), 20.0)
+    assert n2.election.role is Role.COORDINATOR  # highest priority, learnt from membership entries
+
+    def has_report(at: PeerNetwork, *of: PeerNetwork) -> Callable[[], bool]:
+        return lambda: all((r := at.table.get(n.creds.node_id)) is not None and bool(r.report.gpus)
+                           for n in of)
+
+    # The coordinator holds every member's report; a member holds the coordinator's, not the others'.
+    assert await n2.wait_until(has_report(n2, n1, n3, n4), 10.0)
+    assert await n1.wait_until(has_report(n1, n2), 10.0)
+    beats_at_n1, beats_at_n2 = n1.received["heartbeat"], n2.received["heartbeat"]
+    # Heartbeats keep reaching the coordinator, and (but for an election a loaded host may cause) not
+    # a plain member.
+    assert await n2.wait_until(lambda: n2.received["heartbeat"] >= beats_at_n2 + 12, 15.0)
+    assert n1.received["heartbeat"] - beats_at_n1 < 4
+    for at, of in ((n3, n4), (n4, n3)):  # (n1, the seed, heard one heartbeat of each as it joined)
+        assert await at.wait_until(lambda at=at, of=of: at.table.is_alive(of.creds.node_id, time.monotonic()),
+                                   5.0)  # known and live by gossip alone...
+        rec = at.table.get(of.creds.node_id)
+        assert rec is not None
+        assert rec.report.gpus is None  # ...with no report: they never heartbeat each other
+    assert n1.received["swim.ping"] > 0
+    # The coordinator leaves: n3 (priority 1) takes over and rebuilds the view from heartbeats.
+    term = n2.election.term
+    await n2.stop()
+    assert await n1.wait_until(_agree([n1, n3, n4]), 20.0)
+    assert n3.election.role is Role.COORDINATOR
+    assert n1.election.term > term
+    assert await n3.wait_until(has_report(n3, n1, n4), 10.0)
 
 
 async def test_better_node_joining_later_does_not_take_over(make_net: Any) -> None:

@@ -1,0 +1,203 @@
+"""The membership protocol on the peer network (``[network] membership = "swim"``).
+
+``Members`` runs the SWIM core (``frenzyd.net.membership``, through ``frenzyd.net.gossip``) over the
+mutual-TLS transport: each membership message is one ``POST /v1/msg`` whose sender the TLS certificate
+names (the core drops a message whose ``src`` is another node).  What the protocol learns goes into
+the peer table (a member alive or suspect is live without heartbeats) and the election (each entry
+carries the member's priority, term and coordinator); an election change is gossiped as a new
+incarnation of this node's entry.  Heartbeats, which carry the full report, go only to the
+coordinator, to the peers of this node's unfinished jobs and to addresses whose node is not known yet
+(``Heartbeats.targets``).  Static peers are the seeds; an address mDNS finds is joined by a sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from frenzyd.config import Config, TimingSection
+from frenzyd.errors import ElectionError, PeerError
+from frenzyd.net import auth
+from frenzyd.net.dispatch import Dispatcher
+from frenzyd.net.election import Change, ElectionState, PeerView
+from frenzyd.net.gossip import SWIM_KINDS, GossipDriver
+from frenzyd.net.heartbeats import Heartbeats
+from frenzyd.net.membership import ALIVE, DEAD, SUSPECT, Membership, Params, SwimMessage
+from frenzyd.net.messages import HeartbeatReport, MemberEntry
+from frenzyd.net.peer_table import PeerTable
+from frenzyd.net.transport import Transport
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 4
+"""Membership posts in flight to one address; more are dropped (the protocol tolerates loss)."""
+SWIM_REPLY_MAX = 64 * 1024
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+MIN_PERIOD_S = 0.25
+"""A probe and its ack are two TLS requests: a shorter period suspects live members of a loaded host."""
+
+
+def swim_params(t: TimingSection) -> Params:
+    """The protocol's timing from ``[timing]``: one probe per ``heartbeat_s`` (at least
+    :data:`MIN_PERIOD_S`), 60 % of it for the direct ack, and a suspicion that lasts at least
+    ``peer_timeout_s`` (the mesh's own verdict time) and four periods."""
+    period = max(MIN_PERIOD_S, t.heartbeat_s)
+    return Params(period_s=period, ack_timeout_s=0.6 * period,
+                  suspicion_min_s=max(t.peer_timeout_s, 4 * period))
+
+
+def partners(report: HeartbeatReport) -> set[str]:
+    """The peers this node's unfinished jobs have ranks on (its report's ``jobs``)."""
+    out: set[str] = set()
+    for job in report.jobs or ():
+        if job.get("state") in TERMINAL:
+            continue
+        for rank in job.get("ranks") or ():
+            peer = rank.get("peer") if isinstance(rank, Mapping) else None
+            if isinstance(peer, str):
+                out.add(peer)
+    return out
+
+
+class Members:
+    """This node's membership: the SWIM driver, its transport, and what it feeds."""
+
+    def __init__(
+        self,
+        config: Config,
+        creds: auth.Credentials,
+        election: ElectionState,
+        *,
+        table: PeerTable,
+        heartbeats: Heartbeats,
+        transport: Transport,
+        dispatch: Dispatcher,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.creds = creds
+        self.election = election
+        self.table = table
+        self.heartbeats = heartbeats
+        self.transport = transport
+        self.counters = dispatch.counters
+        self._clock = clock
+        self.params = swim_params(config.timing)
+        self.seeds = [str(p) for p in config.network.peers]
+        self.driver: GossipDriver | None = None
+        self._in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        for kind in SWIM_KINDS:
+            dispatch.on(kind, self._handle)
+        heartbeats.targets = self.targets
+        heartbeats.view_listeners.append(self._view_changed)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the protocol (the transport is started: its address is this member's)."""
+        v = self.election.view()
+        me = MemberEntry(self.creds.node_id, self.creds.node_name, self.transport.address, v.priority,
+                         int(time.time()), ALIVE, v.term, v.coordinator)  # a restart outranks its last life
+        core = Membership(me, self.params, rng=random.Random(), seeds=self.seeds)
+        self.driver = GossipDriver(core, self._send, on_changes=self._changed, clock=self._clock)
+        self.driver.start(self.seeds)
+        log.info("membership: SWIM, period %.2fs, seeds %s", self.params.period_s, self.seeds or "none")
+
+    async def stop(self) -> None:
+        """Tell a few members this node leaves, give those posts a moment, cancel the rest."""
+        if self.driver is not None:
+            self.driver.stop(leave=True)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=min(1.0, self.params.period_s))
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def found(self, address: str, hints: Mapping[str, str] | None) -> None:
+        """An address discovery found: join through it unless it is ours, another pool's or a member's."""
+        if self.driver is None or address == self.transport.address:
+            return
+        if hints and (hints.get("id") == self.creds.node_id or
+                      (hints.get("pool") and hints.get("pool") != self.creds.pool_id)):
+            return
+        if hints and hints.get("id") and self.driver.core.is_live(hints["id"]):
+            return
+        self.driver.join([address])
+
+    # --- what the protocol feeds -------------------------------------------------------------
+
+    def targets(self, report: HeartbeatReport) -> set[str]:
+        """Whom this node's heartbeat (its full report) goes to: the coordinator and its jobs' peers."""
+        out = partners(report)
+        if self.election.coordinator is not None:
+            out.add(self.election.coordinator)
+        return out
+
+    def _changed(self, entries: list[MemberEntry]) -> None:
+        now = self._clock()
+        for e in entries:
+            if e.node_id == self.creds.node_id:
+                continue
+            live = e.state <= SUSPECT
+            if e.state >= DEAD and self.table.get(e.node_id) is None:
+                continue
+            rec, revived = self.table.member(e.node_id, name=e.name, address=e.address, priority=e.priority,
+                                             term=e.term, coordinator=e.coordinator, live=live, now=now)
+            if live:
+                try:
+                    self.election.observe(PeerView(e.node_id, e.priority, e.term, e.coordinator))
+                except ElectionError as exc:
+                    self.counters.dropped[str(exc).split(":", 1)[0]] += 1
+                    log.warning("membership: refused the view of %s: %s", e.name, exc)
+            elif e.state >= DEAD:
+                log.warning("peer %s (%s) is %s (membership)", e.name, e.node_id[:12], e.state_name)
+            self.heartbeats.member_seen(rec, revived)
+        self.heartbeats.tick()
+
+    def _view_changed(self, change: Change) -> None:
+        if self.driver is not None and self.driver.running:
+            self.driver.set_view(term=change.after.term, coordinator=change.after.coordinator)
+
+    # --- moving frames -----------------------------------------------------------------------
+
+    async def _handle(self, peer_id: str, msg: Any) -> None:
+        if self.driver is not None:
+            typed: SwimMessage = msg
+            self.driver.deliver(peer_id, typed)
+
+    def _send(self, address: str, node_id: str | None, frame: bytes) -> None:
+        if self._in_flight.get(address, 0) >= MAX_IN_FLIGHT:
+            self.counters.send_failures["membership_busy"] += 1
+            return
+        self._in_flight[address] = self._in_flight.get(address, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._post(address, node_id, frame))
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._done(address, t))
+
+    def _done(self, address: str, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        left = self._in_flight.get(address, 1) - 1
+        if left > 0:
+            self._in_flight[address] = left
+        else:
+            self._in_flight.pop(address, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("membership post to %s failed unexpectedly", address, exc_info=exc)
+
+    async def _post(self, address: str, node_id: str | None, frame: bytes) -> None:
+        timeout_s = min(self.config.timing.request_timeout_s, 2 * self.params.period_s)
+        with contextlib.suppress(PeerError):  # counted by the transport; a lost message to the protocol
+            peer_id, reply = await self.transport.post(address, frame, timeout_s, SWIM_REPLY_MAX)
+            if node_id is not None and peer_id != node_id:
+                self.counters.auth_refusals["wrong_peer"] += 1
+            elif reply.kind == "error":
+                self.counters.send_failures[str(reply.body.get("reason", "error"))] += 1
