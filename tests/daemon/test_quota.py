@@ -17,11 +17,12 @@ from frenzyd.api.client_api import Quota, quota_refusal
 from frenzyd.api.identity import Caller
 from frenzyd.errors import FrenzyError
 from frenzyd.jobs.model import JobSpec, new_record
+from frenzyd.net import auth
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from _pool import Daemon, NodeConf, make_pool, wait_until  # noqa: E402
+from _pool import Daemon, NodeConf, wait_until  # noqa: E402
 
 SPEC = JobSpec(argv=("t.py",), payload_sha256="ab" * 32, payload_size=1, python_version="3.11.7",
                torch_version="2.13.0", nproc=1, mem_per_rank=1 << 30)
@@ -69,7 +70,8 @@ class TcpNodeConf(NodeConf):
 
 @pytest.mark.timeout(120)
 def test_a_user_past_the_quota_is_refused_at_submit_and_admins_are_not(tmp_path: Path) -> None:
-    creds = make_pool(tmp_path / "pool", ["n0"])
+    auth.create_pool(tmp_path / "pool")  # what `pool init` / `pool add-node` do, in this process
+    creds = {"n0": auth.add_node(tmp_path / "pool", "n0").out_dir}
     socks = [socket.socket() for _ in range(3)]
     for s in socks:
         s.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import socket
 import sys
@@ -16,11 +17,12 @@ import pytest
 from frenzyd.errors import JobStateError
 from frenzyd.jobs.model import JobRecord, JobSpec, new_record
 from frenzyd.jobs.store import DAY_S, JobStore, prune_once
+from frenzyd.net import auth
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from _pool import Daemon, NodeConf, make_pool, wait_until  # noqa: E402
+from _pool import Daemon, NodeConf, wait_until  # noqa: E402
 
 SPEC = JobSpec(argv=("t.py",), payload_sha256="ab" * 32, payload_size=1, python_version="3.11.7",
                torch_version="2.13.0", nproc=1, mem_per_rank=1 << 30)
@@ -93,7 +95,8 @@ def test_only_finished_jobs_past_their_time_and_stale_run_leftovers_go(tmp_path:
 def test_a_daemon_prunes_at_start_and_never_a_live_job(tmp_path: Path) -> None:
     """A real frenzyd started over a data directory with old records: at start it removes the expired
     finished jobs and leftovers, keeps the rest, and the queued job is still listed and cancellable."""
-    creds = make_pool(tmp_path / "pool", ["n0"])
+    auth.create_pool(tmp_path / "pool")  # what `pool init` / `pool add-node` do, in this process
+    creds = {"n0": auth.add_node(tmp_path / "pool", "n0").out_dir}
     socks = [socket.socket() for _ in range(2)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -113,19 +116,40 @@ def test_a_daemon_prunes_at_start_and_never_a_live_job(tmp_path: Path) -> None:
     daemon = Daemon(conf)
     try:
         daemon.start()
-        wait_until(daemon.status, 60, "frenzyd to answer")
+        wait_until(lambda: _http(conf.socket, "GET", "/v1/status")[0] == 200, 60, "frenzyd to answer")
         wait_until(lambda: not (conf.data_dir / "jobs" / "n0-old-fetched").exists(), 20, "the pruning")
         assert (conf.data_dir / "jobs" / "n0-old-unfetched").is_dir()
         assert (conf.data_dir / "jobs" / "n0-queued").is_dir()
         assert not (conf.data_dir / "runs" / "n0-gone").exists()
         assert (conf.data_dir / "runs" / "n0-queued").is_dir()
-        listed = daemon.client("jobs", "--json")
+        status, body = _http(conf.socket, "GET", "/v1/jobs")
+        assert status == 200
+        listed = {j["id"]: j["state"] for j in json.loads(body)["jobs"]}
         assert "n0-queued" in listed
         assert "n0-old-fetched" not in listed
-        daemon.client("cancel", "n0-queued")
+        assert "n0-old-unfetched" in listed
+        assert _http(conf.socket, "POST", "/v1/jobs/n0-queued/cancel")[0] == 200
     except BaseException:
         print(daemon.log_tail(60))
         raise
     finally:
         daemon.kill()
         daemon.stop(deadline_s=5)
+
+
+def _http(sock_path: Path, method: str, path: str) -> tuple[int, str]:
+    """One request on the daemon's unix socket, as this process (an admin): (status, body); (0, "")
+    while it does not answer.  No client process per request."""
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(str(sock_path))
+            sock.sendall(f"{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    except OSError:
+        return 0, ""
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split(b" ")
+    return (int(status[1]) if len(status) > 1 and status[1].isdigit() else 0), body.decode(errors="replace")

@@ -253,9 +253,11 @@ def test_cli_remove_node_reaches_every_running_daemon_and_survives_restart(tmp_p
     which passes it on; the removed node is refused everywhere, also after a restart."""
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "scripts"))
-    from _pool import Daemon, NodeConf, cli, make_pool, wait_until
+    from _pool import Daemon, NodeConf, cli, wait_until
 
-    creds = make_pool(tmp_path / "pool", ["a", "b", "v"])
+    auth.create_pool(tmp_path / "pool")  # what `pool init` / `pool add-node` do, without 4 processes
+    creds = {n: auth.add_node(tmp_path / "pool", n, tmp_path / "pool" / "nodes" / n).out_dir
+             for n in ("a", "b", "v")}
     socks = [socket.socket() for _ in range(6)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
