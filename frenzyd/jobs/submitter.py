@@ -488,6 +488,7 @@ class SubmitterRole:
         rec = self._current(JobOutput.KIND, msg.job_id, msg.attempt)
         if rec is None:
             return Ack(False, f"stale attempt {msg.attempt}")
+        _check_attempt_host(rec, msg.attempt, peer, "output")
         now = self.ctx.clock()
         for ch in msg.chunks:
             self.store.append_output(rec.id, ch.rank, ch.stream, ch.data, now, attempt=msg.attempt)
@@ -682,8 +683,10 @@ class SubmitterRole:
             await self.ctx.send(coordinator, JobCancel(was.id), SEND_TIMEOUT_S)
 
     async def on_payload(self, peer: str, msg: PayloadFetch) -> PayloadChunk | Ack:
-        if self._current(PayloadFetch.KIND, msg.job_id, msg.attempt) is None:
+        rec = self._current(PayloadFetch.KIND, msg.job_id, msg.attempt)
+        if rec is None:
             return Ack(False, f"stale attempt {msg.attempt}")
+        _check_attempt_host(rec, msg.attempt, peer, f"the {msg.what}")
         length = max(0, min(msg.length, CHUNK))
         if msg.what == "checkpoint":
             data, total, sha = await asyncio.to_thread(self.store.checkpoint_chunk, msg.job_id, msg.offset,
@@ -700,6 +703,7 @@ class SubmitterRole:
         rec = self._current(JobCheckpoint.KIND, msg.job_id, msg.attempt)
         if rec is None or rec.terminal:
             return Ack(False, f"stale attempt {msg.attempt}")
+        _check_attempt_host(rec, msg.attempt, peer, "a checkpoint")
         unpack = self._unpack
         if unpack is None:
             return Ack(False, "this node keeps no checkpoints")
@@ -743,6 +747,21 @@ class SubmitterRole:
         for peer in rec.peers():
             with contextlib.suppress(FrenzyError):
                 await self.ctx.send(peer, JobFinished(rec.id, attempt or rec.attempt), SEND_TIMEOUT_S)
+
+
+def _check_attempt_host(rec: JobRecord, attempt: int, peer: str, what: str) -> None:
+    """``AuthError`` ``not_attempt_host`` when ``rec`` holds the placement of ``attempt`` and ``peer``
+    runs none of its ranks: only the attempt's own hosts send its output and checkpoint and fetch its
+    payload.  Before the placement reaches this node (while the attempt is being placed) any member
+    may, as for results (``_rank0_host``)."""
+    if rec.attempt != attempt or not rec.ranks:
+        return
+    hosts = {r.peer for r in rec.ranks}
+    if peer not in hosts:
+        log.warning("job %s: refused %s of attempt %d from node %s, which runs none of its ranks",
+                    rec.id, what, attempt, peer[:12])
+        raise AuthError("not_attempt_host", f"{what} of job {rec.id} attempt {attempt} from node "
+                        f"{peer[:12]}, which runs none of its ranks")
 
 
 def _rank0_host(rec: JobRecord | None, attempt: int) -> str | None:
