@@ -12,25 +12,32 @@ Real daemons (``frenzyd --config``), real TLS, real network namespaces, throwawa
   The job the routes name belongs to the owner.  Counted: requests **accepted where they must be
   refused** (target 0; listing counts as accepted when it shows the owner's job) and **legitimate
   requests refused** (401/403 or no connection; target 0).
-* **peer messages** -- every registered wire kind (``frenzyd.net.messages`` and the job kinds it
-  shares ``wire.KINDS`` with) x {foreign CA, revoked, stale term, stale attempt, wrong addressee,
-  replay}, sent by a scripted member from another namespace at the daemon that submitted, runs
-  and coordinates a live job.  Accepted (target 0): the answer was not a refusal (an ``ok`` frame
-  that does not say ``ok: false``; for a heartbeat, the daemon adopted the claimed term or
-  coordinator), and separately whether the job's state, attempt or output changed.  "replay" is a
-  copy of what the legitimate sender would send for the live attempt (orders signed by the real
-  coordinator over the exact bytes) re-sent by another member.
+* **peer messages** -- every registered wire kind (``frenzyd.net.messages`` and the job kinds that
+  share ``wire.KINDS``) x {foreign CA, revoked, stale term, stale attempt, wrong addressee, replay},
+  sent from another namespace at the daemon that submitted, coordinates and runs a live job:
+  ``foreign_ca`` by another pool's node; ``revoked`` by a member removed with ``frenzy-client pool
+  remove-node`` (n/a when that command fails); ``stale_term``, ``stale_attempt`` and
+  ``wrong_addressee`` (a job or GPU this node does not have, a heartbeat in another node's name) by
+  the node that legitimately sends the kind, so only that field is wrong; ``replay`` a copy of the
+  legitimate sender's frame (orders keep the coordinator's signature over the exact bytes) re-sent
+  by another member.  Verdicts: *refused* (TLS refusal, an ``error`` frame, ``ok: false``),
+  *acknowledged* (a bare ``ok`` and nothing changed) and **accepted** (target 0): the answer gave
+  something away (payload bytes, an attempt number) or the job or node changed (state, attempt,
+  files under its directory, leases, term, coordinator, rank processes).  After a change the live
+  job is replaced, so one acceptance does not hide the next.  Cells whose column does not apply
+  are n/a with the reason (``NOT_APPLICABLE``).
 * **fuzz** -- seeded inputs per surface: wire frames (sent over mutual TLS to the daemon),
   ``predict`` model configs, ``simulate`` traces and clusters, and frenzyd config files (each through
   the real CLI/loader in a worker process).  Crashes (target 0): the process exited, a traceback
   (an exception that is not a documented ``FrenzyError``/usage error, or ``Traceback`` in the
   daemon's log), an HTTP 500, or the daemon's event loop blocked over 1 s (a probe thread asks
   the daemon's unix socket every 50 ms; its slowest answer is reported).
-* **flood** -- latency of legitimate requests (a member's heartbeat on a fresh TLS connection,
-  from its own namespace; ``GET /v1/status`` on the unix socket) idle vs under 1,000 idle
-  connections to the TLS port (from 64 addresses in another namespace, reopened as the daemon
-  closes them) plus 100 handshakes/s with another pool's certificate (a third namespace), in one
-  run (target p50 and p95 <= 2x idle); the daemon's RSS before, at peak and after the flood.
+* **flood** -- latency of legitimate requests (a member's heartbeat on a fresh and on a kept-alive
+  TLS connection, from its own namespace; ``GET /v1/status`` on the unix socket) idle vs under 1,000 idle
+  connections to the TLS port (from 64 addresses in another namespace, each reopened a second
+  after the daemon closes it) plus 100 handshakes/s with another pool's certificate (a third
+  namespace), in one run (target p50 and p95 <= 2x idle); the daemon's RSS before, at peak and
+  after the flood.
 
 Prints the table and writes JSON (``--out``).  ``--tiny`` (CI) uses fewer cases and a shorter
 flood.  Namespaces and users need root and iproute2: without them the parts that need them are
@@ -54,6 +61,7 @@ import random
 import resource
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -500,8 +508,20 @@ def schema_body(kind: str, j: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+NOT_APPLICABLE: dict[tuple[str, str], str] = {
+    ("stale_term", "job.exit"): "a report, fenced by attempt: a running attempt outlives a change of "
+    "coordinator, so its exit report rightly carries the older term it was launched under",
+    ("wrong_addressee", "job.submit"): "one daemon is submitter and coordinator: no other addressee to name",
+    ("wrong_addressee", "job.state"): "one daemon is submitter and coordinator: no other addressee to name",
+    ("wrong_addressee", "job.cancel"): "one daemon is submitter and coordinator: no other addressee to name",
+}
+"""Cells that do not test what their column means, and why (reported as n/a with the reason)."""
+
+
 def mutate_for(column: str, kind: str, body: dict[str, Any], j: dict[str, Any]) -> dict[str, Any] | None:
     """The column's version of ``body`` (None: the column does not apply to this kind)."""
+    if (column, kind) in NOT_APPLICABLE:
+        return None
     b = dict(body)
     if column == "stale_term":
         if "term" not in b:
@@ -518,9 +538,6 @@ def mutate_for(column: str, kind: str, body: dict[str, Any], j: dict[str, Any]) 
             b["record"] = dict(b["record"], attempt=j["attempt"] - 1)
         return b
     if column == "wrong_addressee":
-        if kind in ("job.submit", "job.state", "job.cancel"):
-            return None  # sent to the coordinator / the submitter by the job's own submitter / coordinator:
-            # with one daemon in every role there is no other addressee to name
         if kind == "heartbeat":
             b["node_id"] = j["other_member_id"]  # a heartbeat in another node's name
             return b
@@ -950,30 +967,60 @@ def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_fuzz_worker(surface: str, n: int, seed: int, timeout: float) -> dict[str, Any]:
-    """One surface in its own process: an exit or a kill is a crash too."""
-    spec = json.dumps({"surface": surface, "n": n, "seed": seed})
-    t0 = time.monotonic()
-    res = subprocess.run(
-        ["nice", "-n", "5", PY, str(Path(__file__).resolve()), "_role", "fuzz", spec],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env(),
-        check=False,
-    )
-    out = _last_json(res.stdout)
-    if res.returncode != 0 or out is None:
-        return {
-            "surface": surface,
-            "n": n,
-            "seed": seed,
-            "counts": {"crash": 1},
-            "exited": res.returncode,
-            "crashes": [{"error": f"worker exited {res.returncode}", "stderr": res.stderr[-2000:]}],
-            "wall_s": round(time.monotonic() - t0, 1),
-        }
-    return out | {"wall_s": round(time.monotonic() - t0, 1)}
+class FuzzWorkers:
+    """The in-process fuzz surfaces, each in its own worker process (an exit or a kill is a crash
+    too), all at once; ``collect`` waits for them."""
+
+    SURFACES = ("predict", "simulate_trace", "simulate_cluster", "config")
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self.procs: dict[str, tuple[subprocess.Popen[bytes], Any, Any, float]] = {}
+        self.results: dict[str, Any] | None = None
+
+    def start(self) -> FuzzWorkers:
+        for surface in self.SURFACES:
+            spec = json.dumps({"surface": surface, "n": self.n, "seed": self.seed})
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+            proc = subprocess.Popen(
+                ["nice", "-n", "5", PY, str(Path(__file__).resolve()), "_role", "fuzz", spec],
+                stdout=out,
+                stderr=err,
+                env=env(),
+                start_new_session=True,
+            )
+            self.procs[surface] = (proc, out, err, time.monotonic())
+        return self
+
+    def collect(self, timeout: float = 3600.0) -> dict[str, Any]:
+        if self.results is not None:
+            return self.results
+        self.results = {}
+        deadline = time.monotonic() + timeout
+        for surface, (proc, out, err, t0) in self.procs.items():
+            try:
+                code = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                code = proc.wait()
+            out.seek(0)
+            err.seek(0)
+            got = _last_json(out.read().decode(errors="replace"))
+            stderr = err.read().decode(errors="replace")
+            out.close()
+            err.close()
+            wall = round(time.monotonic() - t0, 1)
+            if code != 0 or got is None:
+                got = {
+                    "surface": surface,
+                    "n": self.n,
+                    "seed": self.seed,
+                    "counts": {"crash": 1},
+                    "exited": code,
+                    "crashes": [{"error": f"worker exited {code}", "stderr": stderr[-2000:]}],
+                }
+            self.results[surface] = got | {"wall_s": wall}
+        return self.results
 
 
 def _last_json(text: str) -> dict[str, Any] | None:
@@ -1046,14 +1093,13 @@ def _job_fingerprint(sock: str, job: str, data_dir: str, foreign_job: str = "") 
     files = sorted(
         (str(f.relative_to(data_dir)), f.stat().st_size)
         for f in (Path(data_dir) / "jobs" / job).rglob("*")
-        if f.is_file() and f.name != "record.json"
+        if f.is_file() and f.name not in ("record.json", "output.ndjson")
     )
-    ranks = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                if b"rb-live-sleeper" in (proc / "cmdline").read_bytes():
-                    ranks += 1
+    try:  # the output log grows as the job prints: what matters is whether an injected line is in it
+        injected = b"RB-INJECTED" in (Path(data_dir) / "jobs" / job / "output.ndjson").read_bytes()
+    except OSError:
+        injected = False
+    ranks = rank_processes(job)
     return {
         "state": rec.get("state"),
         "attempt": rec.get("attempt"),
@@ -1061,12 +1107,15 @@ def _job_fingerprint(sock: str, job: str, data_dir: str, foreign_job: str = "") 
         "coordinator": (st.get("coordinator") or {}).get("id"),
         "leases": leases,
         "files": files,
+        "injected_output": injected,
         "rank_processes": ranks,
         "foreign_job_known": bool(foreign_job) and foreign_job in json.dumps(st.get("jobs", [])),
     }
 
 
-def fresh_live_job(sock: str, jobdir: str, j: dict[str, Any], timeout: float = 90.0) -> dict[str, Any]:
+def fresh_live_job(
+    sock: str, jobdir: str, data_dir: str, j: dict[str, Any], timeout: float = 90.0
+) -> dict[str, Any]:
     """Cancel the live job and start another (root's sleeper), once it runs: the new ``j``."""
     http_call("unix:" + sock, "POST", f"/v1/jobs/{j['job']}/cancel")
     spec_req, f = _pack_sleeper(jobdir)
@@ -1078,9 +1127,8 @@ def fresh_live_job(sock: str, jobdir: str, j: dict[str, Any], timeout: float = 9
     job = json.loads(data)["job"]["id"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        got = _unix_json(sock, f"/v1/jobs/{job}") or {}
-        rec = got.get("record") or {}
-        if rec.get("state") == "running" and rec.get("ranks"):
+        rec = live_and_printing(sock, job, data_dir)
+        if rec is not None:
             status = _unix_json(sock, "/v1/status") or {}
             me = status["node"]["id"]
             gpus = [g for p in status.get("peers", []) if p.get("id") == me for g in p.get("gpus", [])]
@@ -1110,6 +1158,33 @@ def _pack_sleeper(jobdir: str) -> tuple[dict[str, Any], Any]:
         },
         1 << 20,
     )
+
+
+def rank_processes(job: str) -> int:
+    """Processes running a rank of ``job`` (the live sleeper, with the job's id in its environment)."""
+    n = 0
+    tag = f"FRENZY_JOB_ID={job}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (
+                    b"rb-live-sleeper" in (proc / "cmdline").read_bytes()
+                    and tag in (proc / "environ").read_bytes()
+                ):
+                    n += 1
+    return n
+
+
+def live_and_printing(sock: str, job: str, data_dir: str) -> dict[str, Any] | None:
+    """The job's record once it runs, its rank process is up and its first line is in its log."""
+    got = _unix_json(sock, f"/v1/jobs/{job}") or {}
+    rec = got.get("record") or {}
+    if rec.get("state") != "running" or not rec.get("ranks") or not rank_processes(job):
+        return None
+    with contextlib.suppress(OSError):
+        if b"rb live job" in (Path(data_dir) / "jobs" / job / "output.ndjson").read_bytes():
+            return dict(rec)
+    return None
 
 
 def classify(kind: str, status: int, reply: bytes, refusal: str) -> tuple[str, str]:
@@ -1182,15 +1257,15 @@ def role_peer_matrix(spec: dict[str, Any]) -> dict[str, Any]:
                 cell.update(verdict="n/a", why="no revocation on main")
                 continue
             sender = {"foreign_ca": foreign, "revoked": revoked, "replay": member}.get(column, legit)
-            if kind == "heartbeat" and column != "foreign_ca":
+            if kind == "heartbeat" and column not in ("foreign_ca", "revoked"):
                 sender = member
             assert sender is not None
             body = base_body(inner, j, sender.node_id)
             body = None if body is None else mutate_for(column, inner, body, j)
             if body is None:
-                cell.update(
-                    verdict="n/a", why=f"{inner} carries no {column.split('_', 1)[-1].replace('_', ' ')}"
-                )
+                field_name = column.split("_", 1)[-1].replace("_", " ")
+                why = NOT_APPLICABLE.get((column, inner), f"{inner} carries no {field_name}")
+                cell.update(verdict="n/a", why=why)
                 continue
             signed = inner in SIGNED_KINDS or kind == "signed"
             if signed:
@@ -1208,7 +1283,7 @@ def role_peer_matrix(spec: dict[str, Any]) -> dict[str, Any]:
                 verdict = "accepted"
             if {"state", "attempt", "rank_processes", "leases", "term", "coordinator"} & set(changed):
                 # the live job (or the node's view) was disturbed: later cells get a fresh one
-                j = fresh_live_job(sock, spec["jobdir"], j)
+                j = fresh_live_job(sock, spec["jobdir"], data_dir, j)
                 restarts += 1
                 after = _job_fingerprint(sock, j["job"], data_dir, fj)
             cell.update(
@@ -1298,24 +1373,40 @@ def _heartbeat_frame(member: Any, j: dict[str, Any]) -> bytes:
 
 
 def role_latency(spec: dict[str, Any]) -> dict[str, Any]:
-    """In the member's namespace: a heartbeat on a fresh mutual-TLS connection every interval."""
+    """In the member's namespace, every interval: a heartbeat on a fresh mutual-TLS connection (a
+    handshake each time, as a member that just came up) and one on a kept-alive connection (as
+    members' heartbeats normally travel)."""
     member = _creds(spec["member"])
     ctx = _client_ctx(member)
     frame = _heartbeat_frame(member, spec["job"])
-    samples = []
+    host, _, port = spec["target"].rpartition(":")
+    fresh: list[list[float]] = []
+    kept: list[list[float]] = []
+    conn: http.client.HTTPSConnection | None = None
     end = time.time() + spec["duration_s"]
     while time.time() < end:
         t0 = time.time()
         p0 = time.perf_counter()
         status, _, _ = _post_frame(spec["target"], ctx, frame, timeout=10)
-        samples.append([t0, round((time.perf_counter() - p0) * 1e3, 3), status])
+        fresh.append([t0, round((time.perf_counter() - p0) * 1e3, 3), status])
+        if conn is None:
+            conn = http.client.HTTPSConnection(host, int(port), timeout=10, context=ctx)
+        t1, p1 = time.time(), time.perf_counter()
+        status, _, _ = _post_frame(spec["target"], ctx, frame, conn=conn)
+        kept.append([t1, round((time.perf_counter() - p1) * 1e3, 3), status])
+        if status < 0:
+            conn.close()
+            conn = None
         time.sleep(max(0.0, spec["interval_s"] - (time.time() - t0)))
-    return {"samples": samples}
+    if conn is not None:
+        conn.close()
+    return {"samples": fresh, "kept_alive": kept}
 
 
 def role_flood_idle(spec: dict[str, Any]) -> dict[str, Any]:
     """In an attacker's namespace: keep ``n`` connections open to the TLS port from many source
-    addresses, each sending half a TLS record and then nothing; reopen one when the daemon closes it."""
+    addresses, each sending half a TLS record and then nothing; reopen one a second after the daemon
+    closes it."""
     import asyncio
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -1354,7 +1445,7 @@ def role_flood_idle(spec: dict[str, Any]) -> dict[str, Any]:
             finally:
                 open_now -= 1
                 writer.close()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)  # reopen a second after the daemon closed it
 
     async def main() -> None:
         await asyncio.gather(*(one(k) for k in range(spec["n"])))
@@ -1600,18 +1691,21 @@ class Plan:
     results: dict[str, Any] = field(default_factory=dict)
 
 
-def revocation_on_main() -> str | None:
-    """Why the revoked column cannot run (None when revocation is committed on HEAD)."""
-    res = subprocess.run(
-        ["git", "cat-file", "-e", "HEAD:frenzyd/net/revocation.py"],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
-    )
-    return None if res.returncode == 0 else "n/a (no revocation yet)"
+def remove_node(pool: Path, name: str, daemon: str) -> str | None:
+    """``frenzy-client pool remove-node POOL NAME`` given to ``daemon``; None when it worked, else why
+    the revoked column cannot run ("n/a ...")."""
+    from _pool import cli
+
+    try:
+        cli("pool", "remove-node", str(pool), name, "--daemon", daemon, "--json", timeout=60)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        first = str(exc).strip().splitlines()
+        detail = next((ln for ln in reversed(first) if ln.strip()), "")[:160]
+        return f"n/a (no revocation: pool remove-node failed: {detail})"
+    return None
 
 
-def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
+def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Client matrix, peer matrix, wire fuzz and flood against real daemons in namespaces."""
     from tests.netns import NetnsLab
 
@@ -1626,7 +1720,7 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
         lab = stack.enter_context(NetnsLab(4))
         h0 = lab.hosts[0]
         target = f"{h0.address}:{PEER_PORT}"
-        names = ["n0", "n1", "member", "member2"]
+        names = ["n0", "n1", "member", "member2", "gone"]
         creds = make_pool(base / "pool", names)
         foreign = make_pool(base / "other-pool", ["intruder"])["intruder"]
         for u in users.values():
@@ -1661,8 +1755,7 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
                 extra_toml="",
             )
         )
-        for d in (d0, d1):
-            stack.callback(d.stop, 15)
+        stack.callback(stop_daemons, (d0, d1))
         d0.start()
         d1.conf.write()
         text = d1.conf.config_path.read_text().replace(
@@ -1715,15 +1808,13 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
         (rootjob / "sleeper.py").write_text(SLEEPER)
         peer_job = submit_as(None, d0.address, None, ["sleeper.py", "3600", "rb-live-sleeper"], rootjob)
 
-        def running(sock_target: str, job: str, headers: dict[str, str] | None = None) -> Any:
-            st, data = http_call(sock_target, "GET", f"/v1/jobs/{job}", headers=headers)
-            if st != 200:
-                return None
-            got = json.loads(data)
-            return got if (got.get("record") or {}).get("state") == "running" else None
-
         try:
-            rec0 = wait_until(lambda: running(d0.address, peer_job["id"]), 90, "root's job to run on n0")
+            rec = wait_until(
+                lambda: live_and_printing(str(d0.conf.socket), peer_job["id"], str(d0.conf.data_dir)),
+                90,
+                "root's job to run on n0",
+            )
+            rec0 = {"record": rec}
         except TimeoutError:
             print(d0.log_tail(30), file=sys.stderr)
             raise
@@ -1805,9 +1896,13 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
             if "peer" in plan.sections:
                 t0 = time.monotonic()
                 tb0 = tracebacks(d0.log_path)
-                why = revocation_on_main()
+                why = remove_node(base / "pool", "gone", d0.address)
                 got = finish(
-                    ns_role(lab, 1, "peer-matrix", dict(common, revoked=None), 300), 300, "the peer matrix"
+                    ns_role(
+                        lab, 1, "peer-matrix", dict(common, revoked=None if why else str(creds["gone"])), 300
+                    ),
+                    300,
+                    "the peer matrix",
                 )
                 out["peer"] = got | {
                     "revoked": why or "available",
@@ -1829,6 +1924,8 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
                     "wall_s": round(time.monotonic() - t0, 1),
                 }
             # --- flood ---
+            if before_flood is not None:
+                before_flood()
             if "flood" in plan.sections:
                 t0 = time.monotonic()
                 out["flood"] = flood(plan, lab, d0, common, str(foreign), tag)
@@ -1842,6 +1939,14 @@ def namespaced(plan: Plan, base: Path) -> dict[str, Any]:
         for job in (live["id"], peer_job["id"]):
             http_call(d0.address, "POST", f"/v1/jobs/{job}/cancel")
     return out
+
+
+def stop_daemons(daemons: tuple[Daemon, ...]) -> None:
+    """SIGTERM every daemon at once, then wait for each (SIGKILL past its deadline)."""
+    for d in daemons:
+        d.kill(signal.SIGTERM)
+    for d in daemons:
+        d.stop(deadline_s=15)
 
 
 def flood(plan: Plan, lab: Any, d0: Daemon, common: dict[str, Any], foreign: str, tag: str) -> dict[str, Any]:
@@ -1920,6 +2025,7 @@ def flood(plan: Plan, lab: Any, d0: Daemon, common: dict[str, Any], foreign: str
 
     return {
         "member_heartbeat": split(lat_r["samples"]),
+        "member_heartbeat_kept_alive": split(lat_r["kept_alive"]),
         "client_status": split(client_samples),
         "idle_flood": idle_r,
         "bad_handshakes": bad_r,
@@ -1932,11 +2038,6 @@ def flood(plan: Plan, lab: Any, d0: Daemon, common: dict[str, Any], foreign: str
             "flood_s": plan.flood_s,
         },
     }
-
-
-def in_process_fuzz(plan: Plan) -> dict[str, Any]:
-    surfaces = ("predict", "simulate_trace", "simulate_cluster", "config")
-    return {s: run_fuzz_worker(s, plan.fuzz_n, plan.seed, timeout=3600) for s in surfaces}
 
 
 # ----------------------------------------------------------------------------- report
@@ -2000,7 +2101,7 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
     if fl:
         s["flood"] = {
             k: {q: fl[k][q] for q in ("idle", "flood", "p50_ratio", "p95_ratio", "failed_under_flood")}
-            for k in ("member_heartbeat", "client_status")
+            for k in ("member_heartbeat", "member_heartbeat_kept_alive", "client_status")
         }
         s["flood"]["rss_mib"] = {k: round(v / 2**20, 1) for k, v in fl["rss_bytes"].items()}
         s["flood"]["bad_handshakes"] = fl["bad_handshakes"]["stats"]
@@ -2050,7 +2151,7 @@ def table(doc: dict[str, Any]) -> str:
         )
         for c, v in p["columns"].items():
             if c == "revoked" and p.get("revoked") and p["revoked"] != "available":
-                lines.append(f"{c:<18}{p['revoked']:>50}")
+                lines.append(f"{c:<18}{p['revoked']}")
                 continue
             lines.append(
                 f"{c:<18}{v['cases']:>7}{v['n/a']:>6}{v['refused']:>9}{v['acknowledged_no_effect']:>18}"
@@ -2086,13 +2187,13 @@ def table(doc: dict[str, Any]) -> str:
             f"(idle {cfg['idle_s']:g} s first)"
         )
         lines.append(
-            f"{'legitimate request':<22}{'idle p50':>10}{'p95':>8}{'flood p50':>11}{'p95':>8}{'x p50':>7}"
+            f"{'legitimate request':<30}{'idle p50':>10}{'p95':>8}{'flood p50':>11}{'p95':>8}{'x p50':>7}"
             f"{'x p95':>7}{'failed':>8}"
         )
-        for k in ("member_heartbeat", "client_status"):
+        for k in ("member_heartbeat", "member_heartbeat_kept_alive", "client_status"):
             v = fl[k]
             lines.append(
-                f"{k:<22}{v['idle']['p50_ms'] or 0:>10.1f}{v['idle']['p95_ms'] or 0:>8.1f}"
+                f"{k:<30}{v['idle']['p50_ms'] or 0:>10.1f}{v['idle']['p95_ms'] or 0:>8.1f}"
                 f"{v['flood']['p50_ms'] or 0:>11.1f}{v['flood']['p95_ms'] or 0:>8.1f}"
                 f"{v['p50_ratio'] or 0:>7.2f}{v['p95_ratio'] or 0:>7.2f}{v['failed_under_flood']:>8}"
             )
@@ -2128,12 +2229,12 @@ def main() -> int:
     plan = Plan(
         tiny=args.tiny,
         seed=args.seed,
-        fuzz_n=args.fuzz if args.fuzz is not None else (150 if args.tiny else 10_000),
+        fuzz_n=args.fuzz if args.fuzz is not None else (60 if args.tiny else 10_000),
         wire_n=args.wire if args.wire is not None else (300 if args.tiny else 10_000),
         idle_conns=200 if args.tiny else 1000,
         bad_rate=20.0 if args.tiny else 100.0,
-        idle_s=3.0 if args.tiny else 10.0,
-        flood_s=5.0 if args.tiny else 20.0,
+        idle_s=2.0 if args.tiny else 10.0,
+        flood_s=4.0 if args.tiny else 20.0,
         sections=tuple(s.strip() for s in args.sections.split(",") if s.strip()),
     )
     unknown = set(plan.sections) - {"client", "peer", "wire", "flood", "fuzz"}
@@ -2153,11 +2254,20 @@ def main() -> int:
             print(f"bench_robustness: cannot run the namespaced parts: {why}", file=sys.stderr)
             return 1
         doc["skipped"] = f"client/peer/wire/flood: {why}"
-    elif set(plan.sections) - {"fuzz"}:
+    # --tiny: the fuzz workers run while the daemons start and are questioned, and are done before
+    # the flood (whose latencies they would disturb); full size: after everything else.
+    fuzz = FuzzWorkers(plan.fuzz_n, plan.seed) if "fuzz" in plan.sections else None
+    if fuzz is not None and (plan.tiny or why is not None or not set(plan.sections) - {"fuzz"}):
+        fuzz.start()
+    if why is None and set(plan.sections) - {"fuzz"}:
         with tempfile.TemporaryDirectory(prefix="frenzy-robust-") as tmp:
-            doc["namespaced"] = namespaced(plan, Path(tmp))
-    if "fuzz" in plan.sections:
-        doc["fuzz"] = in_process_fuzz(plan)
+            doc["namespaced"] = namespaced(
+                plan, Path(tmp), before_flood=fuzz.collect if fuzz and fuzz.procs else None
+            )
+    if fuzz is not None:
+        if not fuzz.procs:
+            fuzz.start()
+        doc["fuzz"] = fuzz.collect()
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     doc["summary"] = summarise(doc)
     print(table(doc))
