@@ -363,8 +363,9 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "keep_finished_days",
         "30.0",
         "a finished job's record, log, payload and results (data_dir/jobs/ID) are deleted this long after "
-        "it finished, once its results were fetched (or it has none); checked at start and hourly; "
-        "0: keep forever. Queued and running jobs are never deleted",
+        "it finished, once its results were fetched (or it has none), and a rank host's leftover "
+        "data_dir/runs/JOB of a job no longer leased there once unchanged this long; checked at start and "
+        "hourly; 0: keep forever. Queued and running jobs are never deleted",
     ),
     (
         "jobs",
