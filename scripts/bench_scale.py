@@ -582,6 +582,184 @@ def run_swim(sizes: Sequence[int], *, delay_s: float, loss: float, steady_s: flo
     return rows
 
 
+# --- real daemons in network namespaces (issue 18 (a)) ------------------------------------------
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (from /proc/PID/stat), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_tx_bytes(pid: int, ifname: str = "eth0") -> int | None:
+    """Bytes sent on ``ifname`` of process ``pid``'s network namespace (one daemon per namespace)."""
+    try:
+        with open(f"/proc/{pid}/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == ifname:
+                    return int(rest.split()[8])
+    except OSError:
+        return None
+    return None
+
+
+async def _statuses(socks: Sequence[Path]) -> list[dict[str, Any] | None]:
+    import asyncio
+
+    from frenzy_client.daemon_client import DaemonClient
+    from frenzyd.errors import FrenzyError
+
+    async def one(sock: Path) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(10):
+                async with DaemonClient(f"unix:{sock}") as c:
+                    return dict(await c.status())
+        except (FrenzyError, OSError, TimeoutError, ValueError):
+            return None
+
+    return list(await asyncio.gather(*(one(s) for s in socks)))
+
+
+def _agreed(sts: Sequence[dict[str, Any] | None], n: int, dead: str | None = None) -> str | None:
+    """The coordinator every daemon names when each sees ``n`` members alive (``dead`` among none)."""
+    if any(s is None for s in sts):
+        return None
+    coords = set()
+    for s in sts:
+        assert s is not None
+        alive = {p["id"] for p in s["peers"] if p.get("alive")}
+        if len(alive) != n or (dead is not None and dead in alive):
+            return None
+        coords.add((s.get("coordinator") or {}).get("id"))
+    return coords.pop() if len(coords) == 1 and None not in coords else None
+
+
+def _conf_class(base: type[Any], mode: str) -> type[Any]:
+    """``_pool.NodeConf`` whose config file sets ``[network] membership = MODE``."""
+
+    class Conf(base):  # type: ignore[misc,valid-type]
+        def write(self) -> Path:
+            path: Path = super().write()
+            text = path.read_text().replace("[network]\n", f'[network]\nmembership = "{mode}"\n', 1)
+            path.write_text(text)
+            return path
+
+    return Conf
+
+
+def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, limit_s: float,
+                work: Path) -> list[dict[str, Any]]:
+    """For each membership mode and pool size: ``n`` frenzyd in their own network namespaces on one
+    bridge, mDNS on and no static peers, one simulated GPU each.  Measured: the time from the first
+    start until every daemon lists all ``n`` alive under one coordinator; then over ``window_s`` each
+    daemon's CPU (/proc/PID/stat) and bytes sent (its namespace's eth0), the coordinator apart; then the
+    coordinator is SIGKILLed and the time until the others agree on a new one (the dead one not alive)."""
+    import asyncio
+    import signal as _signal
+    import subprocess
+
+    from _pool import Daemon, NodeConf, env, make_pool  # noqa: F401
+
+    from tests.netns import NetnsLab, skip_reason
+
+    why = skip_reason()
+    if why:
+        raise SystemExit(f"--part daemons: {why}")
+    names = [f"m{i:02d}" for i in range(max(sizes))]
+    creds = make_pool(work / "pool", names)
+    rows = []
+    print(f"{'mode':>6}{'members':>8}{'full s':>8}{'cpu %':>8}{'cpu max %':>10}{'B/s':>9}{'coord cpu %':>12}"
+          f"{'coord B/s':>10}{'failover s':>11}{'idle':>6}")
+    for mode in modes:
+        for n in sizes:
+            run_dir = work / f"{mode}-{n}"
+            conf = _conf_class(NodeConf, mode)
+            with NetnsLab(n) as lab:
+                daemons = [Daemon(conf(name=names[i], base=run_dir / names[i], credentials=creds[names[i]],
+                                       devices=[("RTX-3090", 1)], interfaces=["eth0"], mdns=True,
+                                       priority=10 if i == 0 else 0, heartbeat_s=1.0, peer_timeout_s=4.0),
+                                  spawn=lambda argv, i=i, **kw: lab.popen(i, argv, **kw))
+                           for i in range(n)]
+                socks = [d.conf.socket for d in daemons]
+                try:
+                    t0 = time.monotonic()
+                    for d in daemons:
+                        d.start()
+                    full_s = coord = None
+                    while time.monotonic() - t0 < limit_s:
+                        coord = _agreed(asyncio.run(_statuses(socks)), n)
+                        if coord is not None:
+                            full_s = time.monotonic() - t0
+                            break
+                        time.sleep(0.5)
+                    row: dict[str, Any] = {"mode": mode, "members": n, "full_membership_s": full_s}
+                    if full_s is None:
+                        rows.append(row)
+                        print(f"{mode:>6}{n:>8}{'-':>8}  (no full membership within {limit_s:.0f}s)",
+                              flush=True)
+                        continue
+                    sts = asyncio.run(_statuses(socks))
+                    ids = [s["node"]["id"] if s else None for s in sts]
+                    pids = [d.proc.pid for d in daemons if d.proc is not None]
+                    cpu0 = [_proc_cpu_s(p) for p in pids]
+                    tx0 = [_proc_tx_bytes(p) for p in pids]
+                    idle0, w0 = _cpu_times(), time.monotonic()
+                    time.sleep(window_s)
+                    wall = time.monotonic() - w0
+                    cpu = [None if a is None or b is None else (b - a) / wall
+                           for a, b in zip(cpu0, (_proc_cpu_s(p) for p in pids), strict=True)]
+                    tx = [None if a is None or b is None else (b - a) / wall
+                          for a, b in zip(tx0, (_proc_tx_bytes(p) for p in pids), strict=True)]
+                    idle = _idle_share(idle0, _cpu_times())
+                    ci = ids.index(coord)
+                    members_cpu = [c for i, c in enumerate(cpu) if i != ci and c is not None]
+                    members_tx = [b for i, b in enumerate(tx) if i != ci and b is not None]
+                    daemons[ci].kill(_signal.SIGKILL)
+                    k0 = time.monotonic()
+                    rest = [s for i, s in enumerate(socks) if i != ci]
+                    failover_s = None
+                    while time.monotonic() - k0 < limit_s:
+                        new = _agreed(asyncio.run(_statuses(rest)), n - 1, dead=coord)
+                        if new is not None and new != coord:
+                            failover_s = time.monotonic() - k0
+                            break
+                        time.sleep(0.5)
+                    row.update({
+                        "window_s": round(wall, 1),
+                        "member_cpu_share_median": statistics.median(members_cpu) if members_cpu else None,
+                        "member_cpu_share_max": max(members_cpu) if members_cpu else None,
+                        "member_tx_bytes_s_median": statistics.median(members_tx) if members_tx else None,
+                        "coordinator_cpu_share": cpu[ci], "coordinator_tx_bytes_s": tx[ci],
+                        "failover_s": failover_s, "machine_idle": idle,
+                        "contended": idle is not None and idle < 0.3,
+                    })
+                    rows.append(row)
+
+                    def pct(x: float | None) -> str:
+                        return "-" if x is None else f"{100 * x:.2f}"
+
+                    print(f"{mode:>6}{n:>8}{full_s:>8.1f}{pct(row['member_cpu_share_median']):>8}"
+                          f"{pct(row['member_cpu_share_max']):>10}"
+                          f"{row['member_tx_bytes_s_median'] or 0:>9.0f}"
+                          f"{pct(cpu[ci]):>12}{tx[ci] or 0:>10.0f}"
+                          f"{'-' if failover_s is None else f'{failover_s:.1f}':>11}"
+                          f"{'-' if idle is None else f'{idle:.0%}':>6}"
+                          f"{' contended' if row['contended'] else ''}", flush=True)
+                finally:
+                    for d in daemons:
+                        d.kill(_signal.SIGKILL)
+                    for d in daemons:
+                        if d.proc is not None:
+                            with contextlib.suppress(subprocess.TimeoutExpired):
+                                d.proc.wait(10)
+    return rows
+
+
 def _p95(xs: list[float]) -> float:
     """Nearest-rank 95th percentile of an ascending list."""
     return xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
@@ -610,8 +788,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-cache", action="store_true", help="MARP's plan cache off: every call enumerates "
                     "plans afresh (the coordinator before the cache)")
     ap.add_argument("--profile", action="store_true", help="cProfile the warm passes; print the top")
-    ap.add_argument("--part", choices=("all", "pass", "membership"), default="all",
-                    help="the coordinator pass, membership (SWIM over the in-memory transport), or both")
+    ap.add_argument("--part", choices=("all", "pass", "membership", "daemons"), default="all",
+                    help="the coordinator pass, membership (SWIM over the in-memory transport), both (all), "
+                         "or real daemons in network namespaces (root; not part of all)")
+    ap.add_argument("--daemons", type=lambda t: tuple(int(x) for x in t.split(",")), default=(5, 10, 20, 40),
+                    help="--part daemons: pool sizes (default 5,10,20,40)")
+    ap.add_argument("--modes", type=lambda t: tuple(t.split(",")), default=("mesh", "swim"),
+                    help="--part daemons: [network] membership modes (default mesh,swim)")
+    ap.add_argument("--window-s", type=float, default=30.0, help="--part daemons: CPU and bytes window")
+    ap.add_argument("--limit-s", type=float, default=300.0,
+                    help="--part daemons: give up on full membership or a failover after this")
     ap.add_argument("--swim-members", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
                     help="membership pool sizes (default 100,300,1000; tiny 20)")
     ap.add_argument("--swim-steady-s", type=float, default=None, help="seconds of steady traffic measured "
@@ -638,7 +824,7 @@ def main(argv: list[str]) -> int:
         ap.error("--swim-members >= 2, --swim-steady-s > 0, --loss in [0, 1), --delay-ms >= 0")
     prov = provenance()
     cells = []
-    if args.part == "membership":
+    if args.part in ("membership", "daemons"):
         sizes = Sizes((), (), sizes.passes)
     if sizes.members:
         print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'cold ms':>10}{'median ms':>11}"
@@ -663,6 +849,15 @@ def main(argv: list[str]) -> int:
         print()
         swim = run_swim(swim_sizes, delay_s=args.delay_ms / 1e3, loss=args.loss, steady_s=swim_steady,
                         detect_limit_s=args.swim_detect_limit_s, seed=args.seed)
+    daemons: list[dict[str, Any]] = []
+    if args.part == "daemons":
+        import tempfile
+
+        if set(args.modes) - {"mesh", "swim"} or min(args.daemons) < 2:
+            ap.error("--modes takes mesh and/or swim; --daemons sizes are at least 2")
+        with tempfile.TemporaryDirectory(prefix="frenzy-scale-") as tmp:
+            daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
+                                  work=Path(tmp))
     big = next((r for r in swim if r["members"] == 1000), None)
     target = next((c for c in cells if (c["members"], c["gpus"], c["queued"]) == (1000, 4000, 500)), None)
     doc = {
@@ -673,7 +868,9 @@ def main(argv: list[str]) -> int:
                      "plan_cache": not args.no_cache, "gpu_mix": dict(GPU_MIX),
                      "presets": [p for p, *_ in PRESETS], "declared_share": DECLARED_SHARE,
                      "schedule_signature": str(inspect.signature(placement.schedule))},
-        "not_measured": "real daemons in network namespaces (issue 18 (a))",
+        "not_measured": None if daemons else "real daemons in network namespaces (issue 18 (a)): "
+                                             "--part daemons",
+        "daemons": daemons,
         "membership": {"settings": {"delay_ms": args.delay_ms, "loss": args.loss, "steady_s": swim_steady,
                                     "start": "formed (every entry merged into every core, not measured)"},
                        "target": {"dead_known_by_all_s_below": 15.0, "false_suspicions": 0, "at": 1000,
