@@ -15,6 +15,11 @@ incarnation, to refute a suspicion (or an old death) about itself, or to say tha
 dissemination.  A member joins by a full-state ``swim.sync`` with a seed (a static peer or an
 address mDNS found); the receiver answers with its own list.
 
+A member that misses acks or must refute suspicions of itself is probably the slow one (a loaded
+host, a starved process): Lifeguard's local health raises its own ack timeout and probe period by
+``1 + health`` (``health`` at most ``max_health``, down by one per acked probe), so it suspects others
+less while it is slow itself.
+
 Nothing here reads a clock, draws unseeded randomness or does I/O: ``tick(now)`` and
 ``receive(sender, message, now)`` return the messages to send (:class:`Outgoing`), the driver
 (``frenzyd.net.gossip``) moves them, and ``next_wake()`` says when to tick again.
@@ -65,6 +70,8 @@ class Params:
     forget_dead_s: float = 300.0
     """A dead or departed member's entry is forgotten this long after it died (it may rejoin sooner
     with a higher incarnation)."""
+    max_health: int = 8
+    """Lifeguard's local health multiplier cap: timeouts grow up to (1 + this) x while unhealthy."""
     sync_seeds_s: float = 30.0
     """While a seed address is not a live member, a sync is sent to it this often (partitions heal)."""
     anti_entropy_s: float = 30.0
@@ -153,6 +160,8 @@ class Membership:
         self._next_probe: float | None = None  # the first tick picks a random phase in the period
         self._probe: _Probe | None = None
         self._forwards: dict[int, _Forward] = {}
+        self.health = 0
+        """Lifeguard's local health: 0 when this member's probes are answered in time."""
         self._seq = 0
         self._seeds = list(dict.fromkeys(seeds))
         self._seed_sync_at: dict[str, float] = {}
@@ -200,6 +209,9 @@ class Membership:
         p = self.params
         return max(p.suspicion_min_s, p.suspicion_mult * math.log10(self.size() + 1) * p.period_s)
 
+    def _ack_timeout(self) -> float:
+        return self.params.ack_timeout_s * (1 + self.health)
+
     def retransmits(self) -> int:
         return self.params.retransmit_mult * max(1, math.ceil(math.log10(self.size() + 1)))
 
@@ -209,7 +221,7 @@ class Membership:
             return 0.0
         times = [self._next_probe]
         if self._probe is not None and not self._probe.acked and self._probe.indirect_at is None:
-            times.append(self._probe.started + self.params.ack_timeout_s)
+            times.append(self._probe.started + self._ack_timeout())
         if self._suspect_until:
             times.append(min(self._suspect_until.values()))
         return min(times)
@@ -267,12 +279,14 @@ class Membership:
             return out
         probe = self._probe
         if probe is not None and not probe.acked and probe.indirect_at is None \
-                and now >= probe.started + p.ack_timeout_s:
+                and now >= probe.started + self._ack_timeout():
             probe.indirect_at = now
             out.extend(self._ping_reqs(probe))
             # A driver that ticked late (a loaded machine) still gives the indirect probes their time.
-            self._next_probe = max(self._next_probe, now + p.period_s - p.ack_timeout_s)
+            self._next_probe = max(self._next_probe, now + (p.period_s - p.ack_timeout_s) * (1 + self.health))
         if now >= self._next_probe:
+            if probe is not None:
+                self.health = max(0, self.health - 1) if probe.acked else min(p.max_health, self.health + 1)
             if probe is not None and not probe.acked:
                 suspect = self._suspect(probe.target, now)
                 if suspect is not None:  # tell it at once: a live but slow member refutes sooner
@@ -283,7 +297,7 @@ class Membership:
                 self._seq += 1
                 self._probe = _Probe(target, self._seq, now)
                 out.append(self._ping_to(target, seq=self._seq))
-            self._next_probe = now + p.period_s
+            self._next_probe = now + p.period_s * (1 + self.health)
             if self._resync_at is not None and now >= self._resync_at:
                 self._resyncs_left -= 1
                 self._resync_at = None
@@ -356,6 +370,7 @@ class Membership:
                 # Suspected, declared dead, or an older life of ours is still gossiped: refute.
                 self._me = replace(me, incarnation=entry.incarnation + 1)
                 self.counters["refuted"] += 1
+                self.health = min(self.params.max_health, self.health + 1)
                 self._enqueue(self._me)
                 return True
             return False

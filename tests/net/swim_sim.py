@@ -58,6 +58,8 @@ class Sim:
         self.nodes: list[SimNode] = []
         self.dropped: Counter[str] = Counter()
         self.false_episodes: set[tuple[str, int]] = set()
+        self.deaf: set[int] = set()
+        """Members that every frame to is lost (a starved or cut-off host that still sends)."""
         self.first_dead: dict[str, dict[int, float]] = {}
         """node id -> observer index -> when it first held that node dead."""
         for i in range(self.n):
@@ -107,6 +109,9 @@ class Sim:
                 self.dropped["loss"] += 1
                 continue
             to = self.by_address.get(o.address)
+            if to in self.deaf:
+                self.dropped["deaf"] += 1
+                continue
             if to is None:
                 self.dropped["no_such_address"] += 1
                 continue

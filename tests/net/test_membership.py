@@ -70,6 +70,20 @@ def test_a_restarted_member_with_a_higher_incarnation_is_alive_again() -> None:
     assert sim.knows_all_alive()
 
 
+def test_a_member_whose_probes_go_unanswered_slows_its_own_probes_then_recovers() -> None:
+    sim = formed(8)
+    node = sim.nodes[2]
+    sim.deaf.add(2)  # it still sends, but hears nothing: its own probes all fail
+    sent = node.sent
+    sim.run_until(sim.now + 6.0)
+    assert node.core.health >= 3  # Lifeguard: timeouts and period stretched by 1 + health
+    assert node.sent - sent < 6.0 / node.core.params.period_s * 2  # fewer probes than a healthy member
+    sim.deaf.clear()
+    sim.run_until(sim.now + 40.0)
+    assert node.core.health == 0
+    assert sim.knows_all_alive()  # it refuted the death others declared
+
+
 def test_a_graceful_leave_reaches_every_member() -> None:
     sim = formed(20)
     node = sim.nodes[6]
