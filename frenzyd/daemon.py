@@ -254,6 +254,7 @@ class Daemon:
             other_versions=self.net.counters.other_versions, now=wall,
             gpu_backend=None if backend is None else
             {"kind": "declared" if backend.simulated else "nvml", "note": backend.note},
+            scheduler=self.orch.coordinator.restart_costs(),
         )
 
     # --- lifecycle ----------------------------------------------------------------------------

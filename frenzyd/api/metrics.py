@@ -118,7 +118,26 @@ def status_metrics(st: Mapping[str, Any]) -> list[Metric]:
     by_state: Tally[str] = Tally(str(j.get("state")) for j in st.get("jobs") or [])
     for state in JOB_STATES:
         jobs.add_metric([state], float(by_state.get(state, 0)))
-    return [term, is_coord, has_coord, alive, known, gpus, free, jobs]
+    return [term, is_coord, has_coord, alive, known, gpus, free, jobs, *_restart_metrics(st)]
+
+
+def _restart_metrics(st: Mapping[str, Any]) -> list[Metric]:
+    """What the coordinator tells HAS a re-placement costs (``scheduler`` in the status JSON): the
+    running estimates and how many of this pool's own stops and starts they hold."""
+    sched = st.get("scheduler")
+    if not isinstance(sched, Mapping):
+        return []
+    cost = GaugeMetricFamily("frenzy_restart_cost_seconds", "Seconds HAS is told a re-placement of a running "
+                             "job costs: its stop and its new start, as measured (a default until then)",
+                             labels=["part"])
+    seen = GaugeMetricFamily("frenzy_restart_cost_measurements", "Stops and starts measured into "
+                             "frenzy_restart_cost_seconds", labels=["part"])
+    for part in ("stop", "start"):
+        value, n = sched.get(f"{part}_s"), sched.get(f"{part}s_measured")
+        if isinstance(value, int | float) and isinstance(n, int):
+            cost.add_metric([part], float(value))
+            seen.add_metric([part], float(n))
+    return [cost, seen]
 
 
 class MetricsRegistry:

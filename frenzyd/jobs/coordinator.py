@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import replace
+from typing import Any
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
 from frenzyd.jobs.context import (
@@ -43,6 +44,7 @@ from frenzyd.jobs.placement import (
     PeerOffer,
     Placement,
     QueuedJob,
+    RestartCosts,
     RunningInfo,
     offers_from_reports,
     schedule,
@@ -63,6 +65,8 @@ class CoordinatorRole:
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
         self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
+        self.restart = RestartCosts()
+        """What re-placing a running job costs here, measured (kept across terms: it is this pool's)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -76,6 +80,9 @@ class CoordinatorRole:
                                else load_policy(self.policy_name))
         self._preempting: dict[tuple[str, int], set[str]] = {}  # attempt being preempted -> peers exited
         self._pending: dict[str, tuple[Placement, float]] = {}  # job -> placement waiting for GPUs, until
+        self._stop_began: dict[tuple[str, int], float] = {}  # attempt being preempted -> when ordered
+        self._start_began: dict[tuple[str, int], float] = {}  # attempt started -> when its placement began
+        self._stopped: dict[str, int] = {}  # job -> its last attempt preempted here, every rank exited
         self.preemptions = 0
         """Preemption orders given in this term (shrink, grow, move and stop alike)."""
 
@@ -118,6 +125,7 @@ class CoordinatorRole:
                 self.ctx.spawn(self._tell_submitter(requeued), f"tell {rec.id}")
                 await self._stop_everywhere(rec, v.term)
         self.table.forget_finished(KEEP_FINISHED)
+        self._measure_starts(v, now)
         self._start_pending(v)
         queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q))
                  for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
@@ -128,7 +136,7 @@ class CoordinatorRole:
         if not queue and not (movable and any(g.available for p in offers for g in p.gpus)):
             return
         sched = await asyncio.to_thread(schedule, queue, offers, now_s=self.ctx.clock(), running=movable,
-                                        policy=self.policy)
+                                        policy=self.policy, restart=self.restart)
         for job_id, reason in sched.infeasible:
             # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
             # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
@@ -161,13 +169,45 @@ class CoordinatorRole:
         return 3 * self.ctx.lease_timeout_s + 30.0
 
     @staticmethod
-    def _done_steps(v: ClusterView, rec: JobRecord) -> int:
-        """Steps a trainer job has done, as its submitter reports (0 when unknown)."""
+    def _progress(v: ClusterView, rec: JobRecord) -> dict[str, Any]:
+        """A trainer job's last step as its submitter reports it (``step``, ``attempt``; empty: none)."""
         for j in (v.peers.get(rec.submitter) or {}).get("jobs") or ():
             if isinstance(j, dict) and j.get("id") == rec.id:
-                step_ = (j.get("progress") or {}).get("step") if isinstance(j.get("progress"), dict) else None
-                return step_ if isinstance(step_, int) and not isinstance(step_, bool) and step_ > 0 else 0
-        return 0
+                progress = j.get("progress")
+                return progress if isinstance(progress, dict) else {}
+        return {}
+
+    @classmethod
+    def _done_steps(cls, v: ClusterView, rec: JobRecord) -> int:
+        """Steps a trainer job has done, as its submitter reports (0 when unknown)."""
+        step_ = cls._progress(v, rec).get("step")
+        return step_ if isinstance(step_, int) and not isinstance(step_, bool) and step_ > 0 else 0
+
+    def _measure_starts(self, v: ClusterView, now: float) -> None:
+        """A started attempt's first step, as its submitter reports it, is a measured start (from the
+        placement's first order); an attempt that ends before its first step measures nothing."""
+        for job_id in [j for j in self._stopped if self.table.get(j) is None]:
+            del self._stopped[job_id]
+        for key in list(self._stop_began):  # stopped some other way (its peer lost, cancelled)
+            rec = self.table.get(key[0])
+            if rec is None or rec.state != "running" or rec.attempt != key[1]:
+                del self._stop_began[key]
+        for key, began in list(self._start_began.items()):
+            rec = self.table.get(key[0])
+            if rec is None or rec.state != "running" or rec.attempt != key[1]:
+                del self._start_began[key]
+                continue
+            progress = self._progress(v, rec)
+            if progress.get("attempt") == key[1] and isinstance(progress.get("step"), int):
+                del self._start_began[key]
+                if self.restart.observe_start(now - began):
+                    log.info("job %s attempt %d: first step %.1fs after its placement; restart cost now "
+                             "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], now - began,
+                             self.restart.restart_s, self.restart.start_s, self.restart.stop_s)
+
+    def restart_costs(self) -> dict[str, Any]:
+        """What HAS is told a re-placement costs here, and from how many measurements (status)."""
+        return self.restart.to_dict()
 
     def _running_info(self, v: ClusterView, rec: JobRecord) -> RunningInfo:
         assert rec.plan is not None
@@ -181,6 +221,7 @@ class CoordinatorRole:
         if rec is None or rec.state != "running" or (rec.id, rec.attempt) in self._preempting:
             return
         self._preempting[(rec.id, rec.attempt)] = set()
+        self._stop_began[(rec.id, rec.attempt)] = self.ctx.clock()
         self.preemptions += 1
         log.info("job %s attempt %d: preempting it (%s)", rec.id, rec.attempt, why)
         self.ctx.spawn(self._stop_everywhere(rec, v.term, preempt=why), f"preempt {job_id}")
@@ -203,7 +244,7 @@ class CoordinatorRole:
             del self._pending[job_id]
             self._placing.add(job_id)
             log.info("job %s: the GPUs kept for it are free; starting it", job_id)
-            self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
+            self.ctx.spawn(self._start(cur, pl, v, pending_until=until), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
         return offers_from_reports(v.peers, self._reserved)
@@ -229,9 +270,15 @@ class CoordinatorRole:
             return 0
         return AttemptAck.attempt_of(reply)
 
-    async def _start(self, rec: JobRecord, pl: Placement, v: ClusterView) -> None:
-        """Get an attempt number, lease on every chosen peer, launch rank 0's peer (store), then the rest."""
+    async def _start(self, rec: JobRecord, pl: Placement, v: ClusterView,
+                     pending_until: float | None = None) -> None:
+        """Get an attempt number, lease on every chosen peer, launch rank 0's peer (store), then the rest.
+
+        ``pending_until``: the placement waited for a stop (HAS's new plan for a preempted job, or for
+        the job that takes its GPUs); when the submitter gives no attempt yet (it has not heard of the
+        stopped attempt's exit), the placement waits on, until then, instead of being dropped."""
         term = v.term
+        began = self.ctx.clock()
         by_peer: dict[str, list[RankAssignment]] = {}
         for r in pl.ranks:
             by_peer.setdefault(r.peer, []).append(r)
@@ -241,6 +288,15 @@ class CoordinatorRole:
         try:
             attempt = await self._begin_attempt(rec, term)
             if attempt == 0:
+                cur = self.table.get(rec.id)
+                if pending_until is not None and self.ctx.clock() < pending_until and cur is not None \
+                        and cur.state == "queued" and rec.id not in self._pending:
+                    log.debug("job %s: its submitter gives no new attempt yet; the GPUs stay kept for it",
+                              rec.id)
+                    self._pending[rec.id] = (pl, pending_until)
+                    for r in pl.ranks:
+                        self._reserved[r.gpu] = rec.id
+                    return
                 self._unreserve(rec.id)
                 return
             for peer, ranks in by_peer.items():
@@ -276,6 +332,8 @@ class CoordinatorRole:
                 # not from the placement decision before the payload and checkpoint were fetched.
                 running = replace(running, started_at=self.ctx.clock())
                 self.table.update(running)
+                if rec.spec.trainer:  # its first step, as its submitter reports it, measures the start
+                    self._start_began[(rec.id, attempt)] = began
                 log.info("job %s placed on %s (term %d)", rec.id,
                          ", ".join(f"{r.peer_name}:{r.gpu}" for r in pl.ranks), term)
                 state = await self._tell_submitter(running)
@@ -346,8 +404,10 @@ class CoordinatorRole:
             self._unreserve(theirs.id)
             await self._stop_everywhere(known, v.term)
         elif known.state == "queued" and theirs.state == "running" and theirs.attempt >= known.attempt \
-                and theirs.id not in self._placing:
-            self.table.update(theirs)  # placed by an earlier coordinator: running, not queued
+                and theirs.id not in self._placing and self._stopped.get(theirs.id, 0) < theirs.attempt:
+            # placed by an earlier coordinator: running, not queued (but not an attempt whose ranks this
+            # coordinator saw exit: its submitter has not heard of the exit yet, and would revive it)
+            self.table.update(theirs)
         self.ctx.wake()
         return Ack()
 
@@ -380,9 +440,15 @@ class CoordinatorRole:
                 self._preempting[key].add(peer)
                 if set(known.peers()) <= self._preempting[key]:
                     del self._preempting[key]
+                    began = self._stop_began.pop(key, None)
+                    if began is not None and self.restart.observe_stop(self.ctx.clock() - began):
+                        log.info("job %s attempt %d: every rank exited %.1fs after the stop order; restart "
+                                 "cost now %.1fs", job_id, msg.attempt, self.ctx.clock() - began,
+                                 self.restart.restart_s)
                     why = msg.reason or "preempted by the scheduler"
                     requeued = step(known, Requeue(msg.attempt, why, lost=False), now=self.ctx.clock())
                     self.table.update(requeued)
+                    self._stopped[job_id] = msg.attempt
                     self._unreserve(job_id)
                     self.ctx.wake()
                 return

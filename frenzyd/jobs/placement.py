@@ -26,11 +26,17 @@ shrink, grow or move them (DESIGN.md §8).  ``Schedule.preempt`` lists the runni
 smaller or bigger, plan): the coordinator keeps those GPUs for them and starts them once the
 GPUs are free.  Other running jobs are scripts that cannot be resized or resumed: their GPUs
 are simply not free.
+
+What a move costs: the coordinator measures its own restarts (``RestartCosts``: a placement to the
+first step, a stop order to the last exit) and HAS is told their running means, seeded with
+conservative defaults, instead of ``has.speed``'s 30 s plus a checkpoint read (a loaded loopback pool
+paid about 90 s per preemption, not 30).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +44,7 @@ from typing import Any
 
 from frenzyd.errors import FrenzyError, InfeasibleError
 from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, is_mig_type, known_type
+from frenzyd.has.speed import JobSpeed
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment
 from frenzyd.marp.spec import Plan
 
@@ -430,6 +437,96 @@ class RunningInfo:
     done_steps: int = 0
 
 
+DEFAULT_START_S = 60.0
+"""Seconds from a placement to the first step of the new attempt, until the pool has measured its own:
+a loaded loopback pool of stand-ins took 27.7 s to start and 29.7 s more to fetch and load a checkpoint
+(``sim.preemption.LOOPBACK_STAND_IN``).  High on purpose: a pool that has measured nothing moves jobs
+less, not more."""
+DEFAULT_STOP_S = 36.0
+"""Seconds from a stop order until every rank of the attempt has exited, until measured (the same run's
+35.7 s handover: checkpoint write, its copy to the submitter, the exit report)."""
+RESTART_WEIGHT = 0.3
+"""Weight of each new measurement in the running estimates (an exponentially weighted mean seeded with
+the defaults: about five measurements replace the default)."""
+
+
+@dataclass
+class RestartCosts:
+    """What re-placing a running job costs in this pool, from the coordinator's own measurements:
+    ``start_s`` (a placement to the new attempt's first step: lease, launch, payload and checkpoint
+    fetch, process start, rendezvous, checkpoint load) and ``stop_s`` (a stop order to the last rank's
+    exit report: the step in flight, the checkpoint write and its copy to the submitter).  Each is an
+    exponentially weighted mean (``weight`` per measurement) seeded with a conservative default.
+    HAS is told ``start_s + stop_s`` as every job's restart cost (``PoolSpeed``).  A value, no clock:
+    the caller measures."""
+
+    start_s: float = DEFAULT_START_S
+    stop_s: float = DEFAULT_STOP_S
+    weight: float = RESTART_WEIGHT
+    starts: int = 0
+    """Starts measured so far."""
+    stops: int = 0
+    """Stops measured so far."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.weight <= 1.0:
+            raise ValueError("weight must be within [0, 1] (0: keep the defaults)")
+        times = (self.start_s, self.stop_s)
+        if not all(math.isfinite(t) and t >= 0 for t in times):
+            raise ValueError("start_s and stop_s must be finite, non-negative seconds")
+
+    @property
+    def restart_s(self) -> float:
+        """Seconds HAS charges a re-placement of a running job: its stop and the new start."""
+        return self.start_s + self.stop_s
+
+    def observe_start(self, seconds: float) -> bool:
+        """Fold in one measured start; False (ignored) when it is not a finite, non-negative time."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return False
+        self.start_s += self.weight * (seconds - self.start_s)
+        self.starts += 1
+        return True
+
+    def observe_stop(self, seconds: float) -> bool:
+        """Fold in one measured stop; False (ignored) when it is not a finite, non-negative time."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return False
+        self.stop_s += self.weight * (seconds - self.stop_s)
+        self.stops += 1
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        """The status/metrics view: the estimates and how many measurements they hold."""
+        return {"restart_s": round(self.restart_s, 3), "start_s": round(self.start_s, 3),
+                "stop_s": round(self.stop_s, 3), "starts_measured": self.starts, "stops_measured": self.stops}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpeed(JobSpeed):
+    """A job's speed model as the live pool gives it to HAS.  A plan's step time is the plan's own
+    (MARP's prediction, paced for a stand-in), times ``has.speed``'s cost of spreading it over more
+    peers: HAS re-costs a placement (grow, upgrade, a move, a shrink) on the figures its plans carry.
+    ``has.speed`` alone put a gpt2-medium step on two T4s at 1.54 s where MARP says 0.82 s and the
+    running job takes 1.44 s on one, so a pool never grew it.  A restart costs ``restart_s``: what
+    the pool measured (``RestartCosts.start_s``), or ``has.speed``'s when it measures nothing."""
+
+    restart_s: float = 0.0
+
+    @property
+    def restart_cost_s(self) -> float:
+        return self.restart_s
+
+    def step_time_s(self, plan: Plan, gpu_speed: float, peers: int) -> float:
+        own = plan.step_time_s
+        if own <= 0:  # a declared job's plan: the model's figure
+            return JobSpeed.step_time_s(self, plan, gpu_speed, peers)
+        if peers <= 1:
+            return own
+        return own * JobSpeed.step_time_s(self, plan, gpu_speed, peers) / JobSpeed.step_time_s(
+            self, plan, gpu_speed, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """One scheduling pass: jobs to start now, jobs that can never run (with the reason), running
@@ -513,9 +610,9 @@ def _running_step_s(r: RunningInfo) -> float | None:
 
 
 def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[PeerOffer], *,
-              headroom: float) -> tuple[Any, list[JobPlan]]:
-    """HAS's view of one job (its candidate plans, speed model) and the candidates as JobPlans;
-    ``FrenzyError`` when it cannot be planned."""
+              headroom: float, restart: RestartCosts | None = None) -> tuple[Any, list[JobPlan]]:
+    """HAS's view of one job (its candidate plans, speed model; with ``restart``, the restart cost
+    the pool measured) and the candidates as JobPlans; ``FrenzyError`` when it cannot be planned."""
     from frenzyd.has.interface import JobView
     from frenzyd.has.speed import JobSpeed, flops_per_step
     from frenzyd.marp.model import param_count
@@ -530,7 +627,9 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
         cands = _declared_plans(spec, matching)
         params = max(1, (spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
-    speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+    model_speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
+    speed = PoolSpeed(params=params, flops_per_step=model_speed.flops_per_step,
+                      restart_s=model_speed.restart_cost_s if restart is None else restart.start_s)
     memo = isinstance(cands, tuple) and not spec.stand_in  # a stand-in's times depend on the GPUs
     hit = _HAS_PLANS.get(id(cands)) if memo else None
     if hit is not None and hit[0] is cands:
@@ -552,18 +651,22 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
             while len(_HAS_PLANS) > 4096:
                 del _HAS_PLANS[next(iter(_HAS_PLANS))]
     view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=has_plans,
-                   speed=speed, total_steps=1.0, remaining_steps=1.0)
+                   speed=speed, total_steps=1.0, remaining_steps=1.0,
+                   stop_cost_s=0.0 if restart is None else restart.stop_s)
     return view, list(cands)
 
 
 def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
     headroom: float = DEFAULT_HEADROOM, running: Sequence[RunningInfo] = (), policy: Any = None,
+    restart: RestartCosts | None = None,
 ) -> Schedule:
     """Decide which queued jobs start now and where, and which running checkpointable jobs HAS
     stops, shrinks, grows or moves (HAS ``frenzy`` policy, or ``policy``; see module docstring).
 
-    ``policy`` is the coordinator's one instance for its term, so its caches live across passes."""
+    ``policy`` is the coordinator's one instance for its term, so its caches live across passes.
+    ``restart``: what a re-placement costs in this pool (the coordinator's measurements), told to
+    the policy as every job's restart cost (start) and stop cost; None: ``has.speed``'s model."""
     from frenzyd.has.frenzy import FrenzyPolicy
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot
 
@@ -584,7 +687,8 @@ def schedule(
     for q in queue:
         matching, mems = matching_of(q.spec)
         try:
-            view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom)
+            view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom,
+                                    restart=restart)
             model = _is_model(q.spec)
             if not matching or not cands or (not model and len(mems) - bisect.bisect_left(
                     mems, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1)):
@@ -617,7 +721,8 @@ def schedule(
             continue  # not HAS's to move (a script), or its peer's report does not show it running
         matching = matching_of(r.spec)[0]
         try:
-            view, cands = _job_view(r.spec, r.job_id, r.started_s, matching, headroom=headroom)
+            view, cands = _job_view(r.spec, r.job_id, r.started_s, matching, headroom=headroom,
+                                    restart=restart)
         except FrenzyError:
             continue
         candidates[r.job_id] = cands

@@ -66,6 +66,7 @@ def build_status(
     other_versions: Mapping[str, int] | None = None,
     now: float | None = None,
     gpu_backend: Mapping[str, Any] | None = None,
+    scheduler: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status JSON: ``node``, ``coordinator`` (id, name, term) or null, ``peers``, ``jobs``, and
     ``other_versions`` (members speaking another wire protocol version: upgrade them).
@@ -124,4 +125,6 @@ def build_status(
             for j in jobs
         ],
         "other_versions": [{"id": nid, "protocol": v} for nid, v in sorted((other_versions or {}).items())],
+        # what this node, as coordinator, tells HAS a re-placement costs (RestartCosts.to_dict)
+        "scheduler": dict(scheduler) if scheduler is not None else None,
     }

@@ -19,6 +19,7 @@ import pytest
 
 from frenzyd.errors import DaemonUnreachable
 from frenzyd.jobs.orchestrator import ClusterView, Orchestrator, Versions
+from frenzyd.jobs.placement import RestartCosts
 from frenzyd.net import wire
 from frenzyd.node import launcher as launcher_mod
 from frenzyd.node.launcher import Launcher, RankSpec
@@ -73,6 +74,9 @@ class Pool:
         self.torch_version = "2.13.0"
         self.min_run_s = 120.0
         """``jobs.min_run_s`` of every node (a test of live preemption shrinks it)."""
+        self.restart_s: tuple[float, float] | None = None
+        """(start, stop) seconds every coordinator tells HAS a re-placement costs, pinned (no learning);
+        None: each measures its own from the defaults (``RestartCosts``)."""
 
     def view(self, me: str | None = None) -> ClusterView:
         peers = {nid: n.orch.report() | {"name": nid, "address": "127.0.0.1:1"}
@@ -109,6 +113,9 @@ class Pool:
             versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=LEASE_S,
             unplaceable_after_s=UNPLACEABLE_S, min_run_s=self.min_run_s,
         )
+        if self.restart_s is not None:
+            start_s, stop_s = self.restart_s
+            orch.coordinator.restart = RestartCosts(start_s=start_s, stop_s=stop_s, weight=0.0)
         node = Node(nid, orch, decl, asyncio.Event())
         self.nodes[nid] = node
         return node

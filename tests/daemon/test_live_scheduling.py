@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from frenzyd.jobs.placement import DEFAULT_START_S, DEFAULT_STOP_S
 from frenzyd.trainer.corpus import write_corpus
 
 from .orch_harness import Node, Pool, eventually, pool, wait_state
@@ -84,6 +87,13 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     short_rec = c.orch.store.get(short.id)
     assert short_rec.finished_at is not None
     assert short_rec.finished_at < (c.orch.store.get(long.id).finished_at or float("inf"))
+    # The coordinator measured the stop it ordered and the starts (first steps) it saw, and tells HAS
+    # those instead of the defaults.
+    costs = pool.nodes["a"].orch.coordinator.restart
+    await eventually(lambda: costs.starts >= 2, limit=30)
+    assert costs.stops >= 1
+    assert (costs.start_s, costs.stop_s) != (DEFAULT_START_S, DEFAULT_STOP_S)
+    assert pool.nodes["a"].orch.coordinator.restart_costs()["stops_measured"] == costs.stops
     await c.orch.submitter.cancel(long.id)
     await asyncio.sleep(0.5)
 
@@ -175,3 +185,138 @@ async def test_a_job_survives_the_loss_of_its_rank_host_from_the_checkpoint_its_
     resumed_at = min(s for a, s in steps if a >= 2)
     assert resumed_at > 10  # from a checkpoint the dead node had sent, not from step 0
     assert max(s for a, s in steps if a >= 2) == 400
+
+
+def stand_in(tmp: Path, name: str, steps: int, model: str, seq_len: int, checkpoint_every: int = 2
+             ) -> dict[str, Any]:
+    """A ``model`` job on simulated GPUs: a paced stand-in (MARP's step time of its plan, >= 0.5 s)."""
+    req = trainer_request(tmp, name, steps=steps, checkpoint_every=checkpoint_every)
+    req.update(model=model, model_config=None, seq_len=seq_len, global_batch=16 if seq_len > 128 else 8,
+               stand_in=True)
+    return req
+
+
+SLOW = ("gpt2-medium", 1024)
+"""MARP: 1.44 s a step on one T4, 0.82 s on two, 0.5 s (the stand-in's floor) on an A100."""
+QUICK = ("gpt2", 128)
+"""0.5 s a step on any one GPU (the floor): one GPU is its cheapest plan everywhere."""
+
+
+class Plans:
+    """Every (attempt, GPU type, GPU count) a job ran with, from its submitter's record (polled)."""
+
+    def __init__(self, node: Node, job_id: str) -> None:
+        self.node, self.job_id = node, job_id
+        self.seen: list[tuple[int, str, int]] = []
+        self.task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            rec = self.node.orch.store.get(self.job_id)
+            if rec.state == "running" and rec.plan is not None:
+                row = (rec.attempt, rec.plan.gpu_type, rec.plan.gpus)
+                if not self.seen or self.seen[-1] != row:
+                    self.seen.append(row)
+            await asyncio.sleep(0.05)
+
+    def stop(self) -> list[tuple[int, str, int]]:
+        self.task.cancel()
+        return self.seen
+
+
+def assert_continues(steps: list[tuple[int, int]], total: int, every: int) -> None:
+    """Each attempt's steps run on from the last checkpoint: none lost, at most ``every`` repeated,
+    and the job's last step is ``total``."""
+    runs: dict[int, list[int]] = {}
+    for a, s in steps:
+        runs.setdefault(a, []).append(s)
+    order = sorted(runs)
+    for a in order:
+        assert runs[a] == list(range(runs[a][0], runs[a][0] + len(runs[a]))), (a, runs[a])
+    assert runs[order[0]][0] == 1
+    for a, b in itertools.pairwise(order):
+        stopped, resumed = runs[a][-1], runs[b][0]
+        assert stopped - every < resumed <= stopped + 1, (a, stopped, b, resumed)
+    assert runs[order[-1]][-1] == total, runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # several trainer starts: minutes on a loaded 2-core machine
+async def test_a_job_grows_onto_an_idle_gpu_then_shrinks_for_a_short_one_continuing_its_steps(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """GROW: a job on one of two GPUs takes the second once it is idle (stop with a checkpoint, restart
+    on the two-GPU plan).  SHRINK: a short job arrives on the full pool; the grown job gives it one
+    GPU and carries on with one.  Its steps run on from its checkpoints through every change, and both
+    finish.  (Restart costs pinned at 3 s + 2 s: the decisions of a quiet pool, in test time; enough
+    that the job, shrunk, does not grow again once the short one is done: one restart fewer.)"""
+    pool.min_run_s = 2.0
+    pool.restart_s = (3.0, 2.0)
+    pool.add("a", 0)
+    pool.add("b", 2)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    coord = pool.nodes["a"].orch.coordinator
+    first = await c.orch.submit(stand_in(tmp_path, "first", 2, *QUICK))
+    await wait_state(c, first.id, {"running"})
+    long = await c.orch.submit(stand_in(tmp_path, "long", 22, *SLOW))  # grows while >= 16 steps are left
+    plans = Plans(c, long.id)
+    await eventually(lambda: any(g == 2 for _, _, g in plans.seen), limit=180)  # grown onto the idle GPU
+    grown = plans.seen[-1][0]
+    await eventually(lambda: any(a == grown for a, _ in steps_of(c, long.id)), limit=180)
+    short = await c.orch.submit(stand_in(tmp_path, "short", 2, *QUICK))
+    done = await wait_state(c, short.id, {"succeeded", "failed"}, limit=180)
+    assert done["state"] == "succeeded", done
+    end = await wait_state(c, long.id, {"succeeded", "failed"}, limit=180)
+    assert end["state"] == "succeeded", end
+    seen = plans.stop()
+    assert seen[0][2] == 1, seen
+    assert any(g == 1 and a > grown for a, _, g in seen), seen  # shrunk back to one GPU for the short job
+    assert coord.preemptions >= 2
+    assert c.orch.store.get(long.id).lost == 0
+    assert_continues(steps_of(c, long.id), 22, every=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_job_on_slow_gpus_moves_onto_freed_faster_ones_continuing_its_steps(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """UPGRADE: a job runs on a T4 while the A100 is busy and another long job waits; once the A100 is
+    freed, HAS moves the T4 job there (stop with a checkpoint, restart on the A100 plan) and gives the
+    T4 to the waiting job.  The moved job's steps run on from its checkpoint and it finishes."""
+    pool.min_run_s = 2.0
+    pool.restart_s = (1.0, 1.0)
+    pool.add("a", 0)
+    pool.add("s", 1, "T4")
+    pool.add("f", 1, "A100-80GB")
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    coord = pool.nodes["a"].orch.coordinator
+    # Not much longer than the mover (HAS would stop it for the mover), and cancelled to free the A100.
+    busy = await c.orch.submit(stand_in(tmp_path, "busy", 50, *SLOW))
+    first = await wait_state(c, busy.id, {"running"})
+    assert first["plan"]["gpu_type"] == "A100-80GB", first["plan"]  # 2.9x faster for it than a T4
+    mover = await c.orch.submit(stand_in(tmp_path, "mover", 24, *SLOW))  # >= 10 left on the T4: HAS moves it
+    plans = Plans(c, mover.id)
+    await eventually(lambda: bool(steps_of(c, mover.id)), limit=180)
+    assert plans.seen[0][1] == "T4", plans.seen
+    waiting = await c.orch.submit(stand_in(tmp_path, "waiting", 400, *SLOW))
+    await eventually(lambda: coord.table.get(waiting.id) is not None)
+    await c.orch.submitter.cancel(busy.id)
+    # HAS moves the mover and keeps the T4 it gives up for the waiting job, until the stop frees it.
+    await eventually(lambda: waiting.id in coord._pending or c.orch.store.get(waiting.id).state != "queued",
+                     limit=120)
+    held = coord._pending.get(waiting.id, (None,))[0]
+    gpus = [r.gpu for r in held.ranks] if held is not None else [
+        r.gpu for r in c.orch.store.get(waiting.id).ranks]
+    assert gpus == ["SIM-s-0"], gpus
+    await c.orch.submitter.cancel(waiting.id)  # not needed any more: spare the CPU
+    end = await wait_state(c, mover.id, {"succeeded", "failed"}, limit=180)
+    assert end["state"] == "succeeded", end
+    seen = plans.stop()
+    assert [t for _, t, _ in seen] == ["T4", "A100-80GB"], seen
+    assert c.orch.store.get(mover.id).lost == 0
+    assert_continues(steps_of(c, mover.id), 24, every=2)

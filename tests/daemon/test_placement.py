@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,9 +13,13 @@ from frenzyd.errors import InfeasibleError
 from frenzyd.has.frenzy import FrenzyPolicy
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.placement import (
+    DEFAULT_START_S,
+    DEFAULT_STOP_S,
+    RESTART_WEIGHT,
     OfferedGpu,
     PeerOffer,
     QueuedJob,
+    RestartCosts,
     RunningInfo,
     _pack,
     marp_plans,
@@ -281,3 +288,99 @@ def test_every_live_policy_places_a_trainer_job(policy: str) -> None:
     assert pl.plan.source == "marp"
     assert pl.plan.policy == policy
     assert len(pl.ranks) == pl.plan.gpus == pl.plan.dp * pl.plan.tp * pl.plan.pp
+
+
+def test_restart_costs_start_conservative_and_follow_what_the_pool_measures() -> None:
+    costs = RestartCosts()
+    assert costs.restart_s == DEFAULT_START_S + DEFAULT_STOP_S >= 90.0  # ~ what a loaded pool paid
+    assert costs.observe_start(8.0)
+    assert costs.observe_stop(2.0)
+    assert costs.start_s == pytest.approx(DEFAULT_START_S + RESTART_WEIGHT * (8.0 - DEFAULT_START_S))
+    assert costs.stop_s == pytest.approx(DEFAULT_STOP_S + RESTART_WEIGHT * (2.0 - DEFAULT_STOP_S))
+    for _ in range(40):
+        costs.observe_start(8.0)
+        costs.observe_stop(2.0)
+    assert costs.restart_s == pytest.approx(10.0, abs=0.001)
+    assert not costs.observe_start(float("nan"))
+    assert not costs.observe_stop(-1.0)
+    assert costs.to_dict() == {"restart_s": 10.0, "start_s": 8.0, "stop_s": 2.0, "starts_measured": 41,
+                               "stops_measured": 41}
+    pinned = RestartCosts(start_s=1.0, stop_s=1.0, weight=0.0)
+    pinned.observe_start(50.0)
+    assert pinned.restart_s == 2.0
+    with pytest.raises(ValueError, match="weight"):
+        RestartCosts(weight=1.5)
+    with pytest.raises(ValueError, match="non-negative"):
+        RestartCosts(start_s=-1.0)
+
+
+def stand_in_spec(steps: int, model: str = "gpt2-medium", seq_len: int = 1024) -> JobSpec:
+    """A paced stand-in: gpt2-medium at 1024 takes 1.44 s a step on one T4, 0.82 s on two, 0.5 s on
+    an A100 (MARP, the stand-in's floor); gpt2 at 128 0.5 s on one GPU of any type."""
+    return JobSpec(argv=(), payload_sha256="0" * 64, payload_size=0, python_version="3.11.7",
+                   torch_version="2.13.0", model=model, seq_len=seq_len,
+                   global_batch=16 if seq_len > 128 else 8, steps=steps, dtype="fp32", trainer=True,
+                   data_name="corpus.txt", stand_in=True)
+
+
+def plan_of(s: JobSpec, gpu_type: str, gpus: int) -> Any:
+    offers = [peer("x", [(gpu_type, 80 if gpu_type.startswith("A100") else 16, True)] * gpus)]
+    plan = next(p for p in marp_plans(s, offers, headroom=0.1, only_available=False)
+                if (p.gpu_type, p.gpus) == (gpu_type, gpus))
+    return replace(plan, backend="gloo")
+
+
+def test_schedule_grows_a_job_onto_an_idle_gpu_only_when_its_measured_restart_pays() -> None:
+    """GROW is carried out as a stop (preempt) and the job's own bigger plan kept for it (pending) on
+    its GPU and the idle one.  The pool's restart cost decides it: 2 s pays, the default 96 s does not."""
+    long = stand_in_spec(20)
+    offers = [peer("b", [("T4", 16, False), ("T4", 16, True)])]
+    running = [RunningInfo("long", long, plan_of(long, "T4", 1), (("b", 0),), started_s=0.0)]
+    quick = RestartCosts(start_s=1.0, stop_s=1.0, weight=0.0)
+    sched = schedule([], offers, now_s=10.0, running=running, policy=FrenzyPolicy(min_run_s=2.0),
+                     restart=quick)
+    assert [j for j, _ in sched.preempt] == ["long"]
+    (job, pl), = sched.pending
+    assert job == "long"
+    assert sorted(r.gpu for r in pl.ranks) == ["b-0", "b-1"]
+    assert pl.plan.gpus == 2
+    assert sched.start == ()
+    slow = schedule([], offers, now_s=10.0, running=running, policy=FrenzyPolicy(min_run_s=2.0),
+                    restart=RestartCosts())
+    assert (slow.preempt, slow.pending) == ((), ())
+
+
+def test_schedule_shrinks_a_grown_job_for_a_short_one_keeping_one_of_its_gpus() -> None:
+    """SHRINK is carried out as a stop of the donor, its own smaller plan on a GPU it keeps, and the
+    short job on the GPU it gives up, both waiting (pending) for the stop."""
+    long = stand_in_spec(20)
+    offers = [peer("b", [("T4", 16, False), ("T4", 16, False)])]
+    running = [RunningInfo("long", long, plan_of(long, "T4", 2), (("b", 0), ("b", 1)), started_s=0.0,
+                           done_steps=5)]
+    queue = [q("short", stand_in_spec(2, "gpt2", 128), 9.0)]
+    sched = schedule(queue, offers, now_s=10.0, running=running, policy=FrenzyPolicy(min_run_s=2.0),
+                     restart=RestartCosts(start_s=1.0, stop_s=1.0, weight=0.0))
+    assert [j for j, _ in sched.preempt] == ["long"]
+    pending = dict(sched.pending)
+    assert set(pending) == {"long", "short"}
+    assert pending["long"].plan.gpus == 1
+    assert pending["short"].plan.gpus == 1
+    assert {pending["long"].ranks[0].gpu, pending["short"].ranks[0].gpu} == {"b-0", "b-1"}
+    assert sched.start == ()
+
+
+def test_schedule_upgrades_a_job_onto_freed_faster_gpus_and_gives_its_slow_one_to_a_waiting_job() -> None:
+    """UPGRADE is carried out as a stop of the mover, its new plan on the freed A100 and the waiting
+    job's on the T4 it gives up, both pending until the stop."""
+    mover = stand_in_spec(20)
+    offers = [peer("s", [("T4", 16, False)]), peer("f", [("A100-80GB", 80, True)])]
+    running = [RunningInfo("mover", mover, plan_of(mover, "T4", 1), (("s", 0),), started_s=0.0, done_steps=2)]
+    queue = [q("waiting", stand_in_spec(400), 9.0)]
+    sched = schedule(queue, offers, now_s=10.0, running=running, policy=FrenzyPolicy(min_run_s=2.0),
+                     restart=RestartCosts(start_s=1.0, stop_s=1.0, weight=0.0))
+    assert sched.preempt == (("mover", "making room for job waiting"),)
+    pending = dict(sched.pending)
+    assert pending["mover"].plan.gpu_type == "A100-80GB"
+    assert [r.gpu for r in pending["mover"].ranks] == ["f-0"]
+    assert [r.gpu for r in pending["waiting"].ranks] == ["s-0"]
+    assert sched.start == ()
