@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from frenzyd.config import Config, TimingSection
-from frenzyd.errors import ElectionError, PeerError
+from frenzyd.errors import AuthError, ElectionError, PeerError
 from frenzyd.net import auth
 from frenzyd.net.dispatch import Dispatcher
 from frenzyd.net.election import Change, ElectionState, PeerView
@@ -88,6 +88,7 @@ class Members:
         self.heartbeats = heartbeats
         self.transport = transport
         self.counters = dispatch.counters
+        self._check_peer = dispatch.check_peer  # the revocation list: a removed node is never a member
         self._clock = clock
         self.params = swim_params(config.timing)
         self.seeds = [str(p) for p in config.network.peers]
@@ -147,6 +148,8 @@ class Members:
         for e in entries:
             if e.node_id == self.creds.node_id:
                 continue
+            if self._removed(e.node_id):
+                continue  # the revocation list names it (frenzyd.net.revocation): its gossip is ignored
             live = e.state <= SUSPECT
             if e.state >= DEAD and self.table.get(e.node_id) is None:
                 continue
@@ -162,6 +165,13 @@ class Members:
                 log.warning("peer %s (%s) is %s (membership)", e.name, e.node_id[:12], e.state_name)
             self.heartbeats.member_seen(rec, revived)
         self.heartbeats.tick()
+
+    def _removed(self, node_id: str) -> bool:
+        try:
+            self._check_peer(node_id)
+        except AuthError:
+            return True
+        return False
 
     def _view_changed(self, change: Change) -> None:
         if self.driver is not None and self.driver.running:

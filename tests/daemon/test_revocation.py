@@ -47,9 +47,9 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, auth
 async def nets(tmp_path: Path, pool: tuple[Path, dict[str, auth.Credentials]]) -> AsyncIterator[Any]:
     started: list[PeerNetwork] = []
 
-    async def make(name: str, priority: int = 0) -> PeerNetwork:
+    async def make(name: str, priority: int = 0, **network: Any) -> PeerNetwork:
         creds = pool[1][name]
-        cfg = fast_config(tmp_path, creds, priority)
+        cfg = fast_config(tmp_path, creds, priority, **network)
         cfg.node.data_dir.mkdir(exist_ok=True)
         el = ElectionState(creds.node_id, priority, started_at=time.monotonic(),
                            grace_s=cfg.timing.election_grace_s)
@@ -191,6 +191,38 @@ async def test_a_removed_node_is_refused_by_every_member_and_cannot_coordinate(
         lambda: v_id not in c.live_peers() and c.auth_refusals["revoked_certificate"] > 0, 10.0)
     with pytest.raises(PeerError):
         await v.send(c.creds.node_id, "revocations", {"version": 0})
+
+
+async def test_under_swim_membership_gossip_never_brings_a_removed_node_back(
+    nets: Any, pool: tuple[Path, dict[str, auth.Credentials]],
+) -> None:
+    """[network] membership = "swim": members learn of each other through gossip, not only through
+    heartbeats; an entry about a removed node (from the SWIM core's own state or a member that has not
+    heard of the list yet) must not make it live, nor coordinator, again."""
+    pool_dir, creds = pool
+    v_id = creds["v"].node_id
+    a = await nets("a", membership="swim")
+    b = await nets("b", membership="swim")
+    v = await nets("v", 9, membership="swim")
+    for n, others in ((a, (b, v)), (b, (a, v)), (v, (a, b))):
+        _dial(n, *others)
+    assert await a.wait_until(lambda: all(len(n.live_peers()) == 2 for n in (a, b, v))
+                              and a.election.coordinator == v_id == b.election.coordinator, 20.0)
+    old = revocation.read_file(a.creds.ca_pem, pool_dir / revocation.REVOCATIONS_FILE)
+    lst = revocation.build_list(a.creds.ca_pem, (pool_dir / "ca.key").read_bytes(),
+                                (old.version if old else 0) + 1, [revocation.RevokedNode(v_id, "v")],
+                                dt.datetime.now(dt.UTC))
+    a.accept_revocations(_doc(lst))
+    assert v_id not in a.live_peers()  # forgotten at once
+    # From now on a never counts v live again: not while its SWIM core still lists v, nor when it
+    # suspects v (its pings are refused), nor when b, which learns the list a little later, gossips v.
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        assert v_id not in a.live_peers()
+        await asyncio.sleep(0.02)
+    assert await a.wait_until(
+        lambda: all(v_id not in n.live_peers() and n.election.coordinator not in (None, v_id)
+                    for n in (a, b)), 20.0)
 
 
 async def test_forged_and_older_lists_are_refused_and_counted_and_restart_keeps_the_list(
