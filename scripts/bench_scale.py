@@ -511,6 +511,8 @@ async def _swim_cell(n: int, *, delay_s: float, loss: float, steady_s: float, de
         members.append(SwimMember(i, me, driver))
         up[me.node_id] = True
     build_s = time.perf_counter() - t_build
+    gc.collect()
+    gc.freeze()  # n x n entries: keep the harness's own collections from stalling every member at once
     stop = asyncio.Event()
     lags: list[float] = []
     lag_task = asyncio.create_task(_lag_probe(stop, lags))
@@ -541,6 +543,7 @@ async def _swim_cell(n: int, *, delay_s: float, loss: float, steady_s: float, de
         m.driver.stop(leave=False)
     stop.set()
     await lag_task
+    gc.unfreeze()
     lag_sorted = sorted(lags)
     return {
         "members": n, "delay_ms": delay_s * 1e3, "loss": loss, "period_s": params.period_s,
@@ -658,7 +661,8 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
     bridge, mDNS on and no static peers, one simulated GPU each.  Measured: the time from the first
     start until every daemon lists all ``n`` alive under one coordinator; then over ``window_s`` each
     daemon's CPU (/proc/PID/stat) and bytes sent (its namespace's eth0), the coordinator apart; then the
-    coordinator is SIGKILLed and the time until the others agree on a new one (the dead one not alive)."""
+    coordinator is SIGKILLed: the time until the others agree on a new one (the dead one not alive), and
+    until the new one's status shows every live member's GPUs (its view rebuilt from their reports)."""
     import asyncio
     import signal as _signal
     import subprocess
@@ -674,7 +678,7 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
     creds = make_pool(work / "pool", names)
     rows = []
     print(f"{'mode':>6}{'members':>8}{'full s':>8}{'cpu %':>8}{'cpu max %':>10}{'B/s':>9}{'coord cpu %':>12}"
-          f"{'coord B/s':>10}{'failover s':>11}{'idle':>6}")
+          f"{'coord B/s':>10}{'failover s':>11}{'view s':>8}{'idle':>6}")
     for mode in modes:
         for n in sizes:
             run_dir = work / f"{mode}-{n}"
@@ -722,20 +726,30 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                     daemons[ci].kill(_signal.SIGKILL)
                     k0 = time.monotonic()
                     rest = [s for i, s in enumerate(socks) if i != ci]
-                    failover_s = None
+                    failover_s = rebuilt_s = None
+                    new = None
                     while time.monotonic() - k0 < limit_s:
                         new = _agreed(asyncio.run(_statuses(rest)), n - 1, dead=coord)
                         if new is not None and new != coord:
                             failover_s = time.monotonic() - k0
                             break
                         time.sleep(0.5)
+                    if failover_s is not None:  # the new coordinator holds every live member's GPUs again
+                        new_sock = socks[ids.index(new)]
+                        while time.monotonic() - k0 < limit_s:
+                            (st,) = asyncio.run(_statuses([new_sock]))
+                            live = [p for p in (st or {}).get("peers", []) if p.get("alive")]
+                            if len(live) == n - 1 and all(p.get("gpus") for p in live):
+                                rebuilt_s = time.monotonic() - k0
+                                break
+                            time.sleep(0.5)
                     row.update({
                         "window_s": round(wall, 1),
                         "member_cpu_share_median": statistics.median(members_cpu) if members_cpu else None,
                         "member_cpu_share_max": max(members_cpu) if members_cpu else None,
                         "member_tx_bytes_s_median": statistics.median(members_tx) if members_tx else None,
                         "coordinator_cpu_share": cpu[ci], "coordinator_tx_bytes_s": tx[ci],
-                        "failover_s": failover_s, "machine_idle": idle,
+                        "failover_s": failover_s, "view_rebuilt_s": rebuilt_s, "machine_idle": idle,
                         "contended": idle is not None and idle < 0.3,
                     })
                     rows.append(row)
@@ -748,6 +762,7 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                           f"{row['member_tx_bytes_s_median'] or 0:>9.0f}"
                           f"{pct(cpu[ci]):>12}{tx[ci] or 0:>10.0f}"
                           f"{'-' if failover_s is None else f'{failover_s:.1f}':>11}"
+                          f"{'-' if rebuilt_s is None else f'{rebuilt_s:.1f}':>8}"
                           f"{'-' if idle is None else f'{idle:.0%}':>6}"
                           f"{' contended' if row['contended'] else ''}", flush=True)
                 finally:
