@@ -551,20 +551,25 @@ class RankHostRole:
         ``(step, hosts, archive, sha256)`` (None: the ranks here wrote none, or it is too big)."""
         run_dir = self._run_dirs.get(run.key, self.data_dir / "runs" / run.job_id / f"a{run.attempt}")
         ckpt = run_dir / "checkpoints"
-        done = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()] if ckpt.is_dir() else []
-        if not done:
-            return None
-        newest = max(done, key=lambda p: p.name)
-        step = newest.name.removeprefix("step-")
-        if not step.isdigit():
-            return None
-        try:
-            data = self._collect(newest, self.max_checkpoint_bytes)
-        except (FrenzyError, OSError) as exc:
-            log.warning("job %s attempt %d: checkpoint %s not sent to the submitter: %s", run.job_id,
-                        run.attempt, newest.name, exc)
-            return None
-        return int(step), len(run.record.peers()), data, hashlib.sha256(data).hexdigest()
+        for _ in range(3):  # the ranks may save a newer one and prune this one while it is packed
+            done = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()] if ckpt.is_dir() else []
+            if not done:
+                return None
+            newest = max(done, key=lambda p: p.name)
+            step = newest.name.removeprefix("step-")
+            if not step.isdigit():
+                return None
+            try:
+                data = self._collect(newest, self.max_checkpoint_bytes)
+            except (FrenzyError, OSError) as exc:
+                if not (newest / "COMPLETE").is_file() or any(
+                        p.name > newest.name for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()):
+                    continue  # replaced or pruned meanwhile: pack the newest one now
+                log.warning("job %s attempt %d: checkpoint %s not sent to the submitter: %s", run.job_id,
+                            run.attempt, newest.name, exc)
+                return None
+            return int(step), len(run.record.peers()), data, hashlib.sha256(data).hexdigest()
+        return None
 
     async def _upload_checkpoints(self, run: RankRun) -> None:
         """While the attempt runs, send each new complete checkpoint's part to the submitter (DESIGN

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -142,3 +143,40 @@ async def test_a_checkpoint_part_that_keeps_timing_out_does_not_hold_the_exit_re
     await h._deliver(stopped(h, MIB, sub.now))
     assert len(sub.fail[JobCheckpoint.KIND]) == 10 - MAX_CHECKPOINT_TRIES
     assert sub.got == [(JobExit.KIND, 0)]
+
+
+def test_a_checkpoint_pruned_while_it_is_packed_is_replaced_by_the_newer_one(tmp_path: Path) -> None:
+    """The ranks save step 4 and prune step 2 while the host packs step 2 (every first copy of the live
+    tests failed so, logged as "job results too large"): the host packs step 4 instead."""
+    ckpt = tmp_path / "runs" / "j-1" / "a1" / "checkpoints"
+    (ckpt / "step-00000002").mkdir(parents=True)
+    (ckpt / "step-00000002" / "COMPLETE").write_text("2\n")
+    packed: list[str] = []
+
+    def collect(path: Path, cap: int) -> bytes:
+        packed.append(path.name)
+        if path.name == "step-00000002":  # the trainer: step 4 complete, step 2 removed
+            (ckpt / "step-00000004").mkdir()
+            (ckpt / "step-00000004" / "COMPLETE").write_text("4\n")
+            (path / "COMPLETE").unlink()
+            path.rmdir()
+            raise PeerError("gone", f"cannot pack {path}: no such file")
+        return path.name.encode()
+
+    sub = SlowSubmitter()
+    h = host(tmp_path, sub)
+    h._collect = collect
+    run = SimpleNamespace(key=("j-1", 1), job_id="j-1", attempt=1,
+                          record=SimpleNamespace(peers=lambda: ["me"]))
+    part = h._checkpoint_part(run)  # type: ignore[arg-type]
+    assert part is not None
+    assert part[:3] == (4, 1, b"step-00000004")
+    assert packed == ["step-00000002", "step-00000004"]
+
+    def broken(path: Path, cap: int) -> bytes:
+        packed.append(path.name)
+        raise OSError("disk full")
+
+    h._collect = broken  # a checkpoint that is still there and fails to pack: reported, not retried
+    assert h._checkpoint_part(run) is None  # type: ignore[arg-type]
+    assert packed[2:] == ["step-00000004"]
