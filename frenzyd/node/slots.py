@@ -276,8 +276,8 @@ def hand_over(run_dir: Path, slot: SlotAccount) -> None:
     for root, dirs, files in os.walk(run_dir):
         for name in dirs + files:
             os.lchown(os.path.join(root, name), slot.uid, slot.gid)
+    run_dir.chmod(0o700)  # before it is the slot's: a non-root daemon has no CAP_FOWNER
     os.chown(run_dir, slot.uid, slot.gid)
-    run_dir.chmod(0o700)
 
 
 def remove_run_dir(run_dir: Path) -> None:

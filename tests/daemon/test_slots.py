@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import pwd
 import re
@@ -588,3 +589,81 @@ async def test_a_trainer_only_node_refuses_a_script_even_when_placed_there(
         assert not c.orch.store.read_output(rec.id)  # no rank ever started
     finally:
         await pool.close()
+
+
+UNIT_CAPS = "setuid,setgid,kill,dac_read_search,chown"
+"""The ambient capabilities systemd/frenzyd.service gives frenzyd (tests/test_systemd_unit.py checks them)."""
+
+NON_ROOT_DAEMON = """\
+import asyncio, json, os, sys
+from pathlib import Path
+from frenzyd.node import slots
+from frenzyd.node.launcher import Launcher, RankSpec, collect_results, unpack
+
+async def main() -> None:
+    data, ex, prefix = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    launcher = Launcher(data, isolation=slots.isolation(prefix), execute_dir=ex, term_grace_s=1.0)
+    run_dir = launcher.run_dir("j-caps", 1, data / "runs")
+    (run_dir / "work").mkdir()
+    probe = ("id -u; grep CapEff /proc/self/status; echo secret > $FRENZY_OUTPUT_DIR/r.txt; "
+             "chmod 000 $FRENZY_OUTPUT_DIR/r.txt $FRENZY_OUTPUT_DIR")
+    spec = RankSpec(job_id="j-caps", rank=0, local_rank=0, world_size=1, local_world_size=1,
+                    master_addr="127.0.0.1", master_port=1, gpu_indices=(0,), argv=["/bin/sh", "-c", probe],
+                    workdir=run_dir / "work", output_dir=run_dir / "output")
+    out = bytearray()
+    handle = await launcher.launch(spec, lambda rank, stream, chunk: out.extend(chunk))
+    code = await handle.wait()
+    results = collect_results(run_dir / "output", 1 << 20)  # a 000 file in a 000 directory of the slot
+    import hashlib, tempfile
+    got = Path(tempfile.mkdtemp())
+    unpack(results, hashlib.sha256(results).hexdigest(), got / "r", 1 << 20)
+    await launcher.cancel("j-caps", 1)
+    launcher.release("j-caps", 1)
+    print(json.dumps({"uid": os.geteuid(), "mode": launcher.isolation.mode, "kill": launcher.isolation.kill,
+                      "code": code, "rank": out.decode(), "result": (got / "r" / "r.txt").read_text(),
+                      "left": os.listdir(ex)}))
+
+asyncio.run(main())
+"""
+
+
+@ROOT_ONLY
+def test_a_non_root_daemon_with_the_units_capabilities_runs_ranks_as_slots(
+    tmp_path: Path, slot_prefix: str, execute_dir: Path
+) -> None:
+    """frenzyd as an ordinary user holding only the systemd unit's ambient capabilities (setpriv, as
+    systemd would start it): ranks run as a slot with no capabilities, the daemon reads a result the
+    slot made unreadable, and takes the directory back to remove it."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux)")
+    name = f"{slot_prefix}d"  # not a slot: no number after the prefix
+    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    name], check=True, capture_output=True)
+    try:
+        pw = pwd.getpwnam(name)
+        base = Path(tempfile.mkdtemp(prefix="frenzy-nonroot-", dir="/tmp"))
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+        os.chown(execute_dir, pw.pw_uid, pw.pw_gid)
+        script = base / "daemon.py"
+        script.write_text(NON_ROOT_DAEMON)
+        res = subprocess.run(
+            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+             f"--inh-caps=+{UNIT_CAPS.replace(',', ',+')}", f"--ambient-caps=+{UNIT_CAPS.replace(',', ',+')}",
+             "--", sys.executable, str(script), str(base / "data"), str(execute_dir), slot_prefix],
+            capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["uid"] == pw.pw_uid
+        assert got["mode"] == "slots"
+        assert got["code"] == 0
+        uid_line, cap_line = got["rank"].splitlines()[:2]
+        assert int(uid_line) == pwd.getpwnam(f"{slot_prefix}1").pw_uid
+        assert cap_line.split() == ["CapEff:", "0000000000000000"]  # the daemon's capabilities stop at it
+        assert got["result"] == "secret\n"
+        assert got["left"] == []
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+        subprocess.run(["groupdel", name], check=False, capture_output=True)
+        with contextlib.suppress(NameError):
+            shutil.rmtree(base, ignore_errors=True)
