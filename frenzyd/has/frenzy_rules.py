@@ -17,7 +17,7 @@ from frenzyd.has.interface import Gpu, JobView, Placement, RunningJob, Snapshot,
 from frenzyd.has.plan_shape import PlanShape, Shapes, powers
 from frenzyd.marp.spec import Plan
 
-AGING = 0.25
+AGING = 0.05
 """Seconds of priority gained per second of waiting."""
 GAMMA = 0.678
 """Cost exponent on the GPU count while other jobs wait: doubling must buy ≥ 1.6x."""

@@ -295,10 +295,10 @@ def test_free_gpu_index_counts_and_picks_as_pick_packed() -> None:
 
 def test_order_queue_is_aged_shortest_remaining_time_first() -> None:
     cluster, gpus = one_peer()
-    now = 10_000.0
-    short = job("short", now - 10.0, (plan(1, 1.0),), remaining=1000.0)  # key 1000 − 2.5
-    old = job("old", now - 8000.0, (plan(1, 1.0),), remaining=2500.0)  # key 2500 − 2000 = 500
-    young = job("young", now - 10.0, (plan(1, 1.0),), remaining=2500.0)  # key 2497.5
+    now = 100_000.0
+    short = job("short", now - 10.0, (plan(1, 1.0),), remaining=1000.0)  # key 1000 − 10·AGING
+    old = job("old", now - 2000.0 / frenzy.AGING, (plan(1, 1.0),), remaining=2500.0)  # key 2500 − 2000
+    young = job("young", now - 10.0, (plan(1, 1.0),), remaining=2500.0)  # key 2500 − 10·AGING
     rnd = rules_round(Snapshot(now, "arrival", cluster, gpus, (young, short, old), ()))
     assert [j.job_id for j in order_queue(rnd, (young, short, old))] == ["old", "short", "young"]
     assert set(rnd.shapes) == {"young", "short", "old"}
