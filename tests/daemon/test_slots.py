@@ -620,6 +620,7 @@ async def main() -> None:
     await launcher.cancel("j-caps", 1)
     launcher.release("j-caps", 1)
     print(json.dumps({"uid": os.geteuid(), "mode": launcher.isolation.mode, "kill": launcher.isolation.kill,
+                      "cgroup": None if launcher.cgroups is None else str(launcher.cgroups.root),
                       "code": code, "rank": out.decode(), "result": (got / "r" / "r.txt").read_text(),
                       "left": os.listdir(ex)}))
 
@@ -628,14 +629,22 @@ asyncio.run(main())
 
 
 @ROOT_ONLY
+@pytest.mark.parametrize("delegated", [True, False], ids=["delegated-cgroup", "no-cgroup"])
 def test_a_non_root_daemon_with_the_units_capabilities_runs_ranks_as_slots(
-    tmp_path: Path, slot_prefix: str, execute_dir: Path
+    tmp_path: Path, slot_prefix: str, execute_dir: Path, delegated: bool
 ) -> None:
     """frenzyd as an ordinary user holding only the systemd unit's ambient capabilities (setpriv, as
     systemd would start it): ranks run as a slot with no capabilities, the daemon reads a result the
-    slot made unreadable, and takes the directory back to remove it."""
+    slot made unreadable, and takes the directory back to remove it.  ``delegated``: started in a
+    cgroup given to its user, as ``Delegate=yes`` does, it keeps its jobs in cgroups below it; else
+    it falls back to killing the slot's processes."""
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux)")
+    mount = cgroup.find_mount()
+    if delegated and (mount is None or not os.access(mount, os.W_OK)):
+        if os.environ.get("FRENZY_REQUIRE_NETNS") == "1":
+            pytest.fail(f"no writable cgroup v2 to delegate ({mount})")
+        pytest.skip("no writable cgroup v2 to delegate")
     name = f"{slot_prefix}d"  # not a slot: no number after the prefix
     subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
                     name], check=True, capture_output=True)
@@ -646,8 +655,17 @@ def test_a_non_root_daemon_with_the_units_capabilities_runs_ranks_as_slots(
         os.chown(execute_dir, pw.pw_uid, pw.pw_gid)
         script = base / "daemon.py"
         script.write_text(NON_ROOT_DAEMON)
+        enter: list[str] = []
+        if delegated:
+            assert mount is not None
+            deleg = mount / f"{slot_prefix}deleg"
+            deleg.mkdir()
+            # what systemd's Delegate=yes hands the service's user
+            for f in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
+                os.chown(deleg / f, pw.pw_uid, pw.pw_gid)
+            enter = ["/bin/sh", "-c", f'echo $$ > {deleg}/cgroup.procs && exec "$@"', "enter"]
         res = subprocess.run(
-            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+            [*enter, "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
              f"--inh-caps=+{UNIT_CAPS.replace(',', ',+')}", f"--ambient-caps=+{UNIT_CAPS.replace(',', ',+')}",
              "--", sys.executable, str(script), str(base / "data"), str(execute_dir), slot_prefix],
             capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
@@ -662,7 +680,15 @@ def test_a_non_root_daemon_with_the_units_capabilities_runs_ranks_as_slots(
         assert cap_line.split() == ["CapEff:", "0000000000000000"]  # the daemon's capabilities stop at it
         assert got["result"] == "secret\n"
         assert got["left"] == []
+        if delegated:
+            assert got["cgroup"].startswith(f"{deleg}/frenzy."), got["kill"]
+            assert not list(deleg.glob("frenzy.*"))  # its subtree went with the job
+        else:
+            assert got["cgroup"] is None
+            assert "every process of its slot account" in got["kill"]
     finally:
+        with contextlib.suppress(NameError, OSError):
+            deleg.rmdir()
         subprocess.run(["userdel", name], check=False, capture_output=True)
         subprocess.run(["groupdel", name], check=False, capture_output=True)
         with contextlib.suppress(NameError):
