@@ -199,6 +199,7 @@ class PeerNetwork:
         if self.members is not None:
             self.members.start()
         self.heartbeats.start()
+        self.gossip.start()
 
     async def stop(self) -> None:
         """Stop heartbeats, close the client session and the server (idempotent)."""

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
+import random
 import re
 import tempfile
 from collections import Counter
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from frenzyd.errors import AuthError, ConfigError, PeerError
+from frenzyd.errors import AuthError, ConfigError, FrenzyError, PeerError
 from frenzyd.net import auth
 from frenzyd.net.dispatch import Counters, Reply
 from frenzyd.net.messages import Revocations
@@ -47,6 +49,10 @@ REVOCATIONS_FILE: Final = "revocations.json"
 MAX_LIST_BYTES: Final = 256 * 1024
 """Largest list document accepted (about 1,000 removed nodes)."""
 MAX_FILE_BYTES: Final = 2 * MAX_LIST_BYTES
+ANTI_ENTROPY_S: Final = 30.0
+"""About this often (jittered) a member compares lists with one live member picked at random, so a
+list that a failed send did not deliver still spreads: one small message per member and period,
+whatever the pool's size."""
 _NODE_ID: Final = re.compile(r"^[0-9a-f]{32}$")
 _HEX: Final = re.compile(r"^[0-9a-f]{1,64}$")
 
@@ -328,6 +334,12 @@ class RevocationState:
             self.refused["stale_revocation"] += 1
             raise RevocationError("stale_revocation", f"version {lst.version} < ours {self.version}")
         if lst.version == self.version:
+            assert self.current is not None
+            if lst.raw != self.current.raw:  # two pool directories issued the same version: keep ours
+                self.refused["conflicting_revocation"] += 1
+                log.error("two different revocation lists of version %d exist (was the pool directory "
+                          "copied?): keeping the one this node has; issue a newer one from the pool "
+                          "directory that has both removals", lst.version)
             return False
         self.current = lst
         self._save()
@@ -370,9 +382,10 @@ SendFn = Callable[[str, str, Mapping[str, Any]], Awaitable[Message]]
 
 class RevocationGossip:
     """Passes the newest list on: to a peer when it becomes live (both sides say which version they
-    have; the one with the newer list answers with it), and to every live peer when this node adopts
-    a newer list.  Every peer that adopts it does the same, so a list reaches every member that is
-    connected to one that has it.  Also forgets a removed node at once (``forget(node_id)``)."""
+    have; the one with the newer list answers with it), to every live peer when this node adopts a
+    newer list, and to one random live peer about every :data:`ANTI_ENTROPY_S` (:meth:`start`).
+    Every peer that adopts it does the same, so a list reaches every member connected to one that
+    has it.  Also forgets a removed node at once (``forget(node_id)``)."""
 
     def __init__(self, state: RevocationState, send: SendFn, live_peers: Callable[[], list[str]],
                  forget: Callable[[str], None], counters: Counters) -> None:
@@ -382,7 +395,25 @@ class RevocationGossip:
         self._forget = forget
         self.counters = counters
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
         state.listeners.append(self._adopted)
+
+    def start(self, every_s: float = ANTI_ENTROPY_S) -> None:
+        """Start the anti-entropy loop (:data:`ANTI_ENTROPY_S`); :meth:`close` stops it."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop().create_task(self._anti_entropy(every_s),
+                                                                name="revocation anti-entropy")
+
+    async def _anti_entropy(self, every_s: float) -> None:
+        rng = random.Random()
+        while True:
+            await asyncio.sleep(every_s * rng.uniform(0.5, 1.5))
+            peers = [p for p in self._live() if not self.state.is_revoked(p)]
+            if peers:
+                try:
+                    await self._exchange(rng.choice(peers))
+                except FrenzyError as exc:  # a message this node cannot even send: say so, go on
+                    log.warning("revocation anti-entropy: %s", exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         try:
@@ -451,7 +482,12 @@ class RevocationGossip:
             self.counters.dropped[exc.reason] += 1
 
     async def close(self) -> None:
-        """Cancel the exchanges in flight."""
+        """Stop the anti-entropy loop and cancel the exchanges in flight."""
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from frenzyd.errors import AuthError, ConfigError, PeerError
-from frenzyd.net import auth, revocation, tls
+from frenzyd.net import auth, revocation, tls, wire
+from frenzyd.net.dispatch import Counters, Reply
 from frenzyd.net.election import ElectionState, Role
 from frenzyd.net.messages import Revocations
 from frenzyd.net.network import PeerNetwork
@@ -191,6 +192,46 @@ async def test_a_removed_node_is_refused_by_every_member_and_cannot_coordinate(
         lambda: v_id not in c.live_peers() and c.auth_refusals["revoked_certificate"] > 0, 10.0)
     with pytest.raises(PeerError):
         await v.send(c.creds.node_id, "revocations", {"version": 0})
+
+
+async def test_a_list_that_was_not_pushed_still_spreads_by_anti_entropy(
+    tmp_path: Path, pool: tuple[Path, dict[str, auth.Credentials]],
+) -> None:
+    """Two members that never become live to each other again (no exchange on connect) and whose push
+    never went out (no listeners): the periodic comparison with a random live member still delivers the
+    list.  Frames go through the wire codec; the transport is a direct call to the other's handler."""
+    pool_dir, creds = pool
+    ca = creds["a"].ca_pem
+    got_a = revocation.RevocationState(ca, tmp_path / "a.json")
+    got_b = revocation.RevocationState(ca, tmp_path / "b.json")
+    b_side = revocation.RevocationGossip(got_b, _unused_send, lambda: ["a"], lambda _: None, Counters())
+
+    async def send_to_b(node: str, kind: str, body: Any) -> wire.Message:
+        msg = wire.parse(wire.decode(wire.encode(kind, body)))
+        reply = await b_side.handle("a", msg)
+        out = reply if isinstance(reply, Reply) else Reply("ok", reply or {})
+        return wire.decode(wire.encode(out.kind, out.body))
+
+    a_side = revocation.RevocationGossip(got_a, send_to_b, lambda: ["b"], lambda _: None, Counters())
+    got_a.listeners.clear()  # no push: only the periodic comparison is left
+    lst = revocation.build_list(ca, (pool_dir / "ca.key").read_bytes(), 7,
+                                [revocation.RevokedNode(creds["v"].node_id, "v")], dt.datetime.now(dt.UTC))
+    assert got_a.offer(lst.raw, lst.sig)
+    assert got_b.version == 0
+    a_side.start(every_s=0.05)
+    try:
+        for _ in range(200):
+            if got_b.version == lst.version:
+                break
+            await asyncio.sleep(0.02)
+        assert got_b.version == lst.version
+        assert (tmp_path / "b.json").exists()
+    finally:
+        await a_side.close()
+
+
+async def _unused_send(node: str, kind: str, body: Any) -> wire.Message:
+    raise PeerError("unreachable", "this side only answers")
 
 
 async def test_under_swim_membership_gossip_never_brings_a_removed_node_back(
