@@ -7,7 +7,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from frenzyd.errors import ModelConfigError
 from frenzyd.marp.spec import ModelSpec
@@ -115,9 +115,19 @@ def _check_heads(hidden: int, heads: int, kv_heads: int, head_dim_given: bool) -
         )
 
 
+DIVISOR_SEARCH: Final = 4096
+"""Steps ``_divisor_near`` takes outward from the head count before it settles for 1."""
+
+
 def _divisor_near(n: int, k: int) -> int:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return min(divisors, key=lambda d: (abs(d - k), d))
+    """The divisor of ``n`` nearest ``k`` (the smaller on a tie), searched outward from ``k``: at most
+    ``DIVISOR_SEARCH`` steps, not a scan of ``n`` (a config's hidden size of 2**31 took minutes)."""
+    k = min(k, n)  # no divisor exceeds n: the nearest to a larger k is n itself
+    for step in range(min(k, DIVISOR_SEARCH)):
+        for d in (k - step, k + step):
+            if 1 <= d <= n and n % d == 0:
+                return d
+    return 1
 
 
 def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
