@@ -88,6 +88,9 @@ from benchmeta import provenance, write_results  # noqa: E402
 
 PY = sys.executable
 PEER_PORT = 7470
+HANG_S = 10
+"""An in-process fuzz input still running after this many seconds is stopped and counted as a crash
+(a hang); one over ``SLOW_S`` is reported as slow."""
 SLOW_S = 1.0
 """An answer slower than this means the daemon's event loop was blocked (a crash by the issue's rule)."""
 COLUMNS = ("foreign_ca", "revoked", "stale_term", "stale_attempt", "wrong_addressee", "replay")
@@ -860,6 +863,15 @@ def _fuzz_cases(surface: str, n: int, seed: int) -> Iterator[tuple[int, bytes, l
             raise ValueError(surface)
 
 
+class Hang(BaseException):
+    """Raised in a fuzz worker by SIGALRM: the input ran past ``HANG_S`` (a BaseException, so the code
+    under test cannot swallow it as an error of its own)."""
+
+
+def _hang(signum: int, frame: Any) -> None:
+    raise Hang
+
+
 def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
     """Worker: run ``spec['n']`` inputs of one surface through the real entry point; documented
     errors (FrenzyError, argparse's usage exit) are fine, anything else is a crash."""
@@ -870,6 +882,7 @@ def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
     from frenzyd.errors import FrenzyError
 
     logging.disable(logging.CRITICAL)
+    signal.signal(signal.SIGALRM, _hang)
     surface, n, seed = spec["surface"], spec["n"], spec["seed"]
     work = Path(tempfile.mkdtemp(prefix=f"rb-fuzz-{surface}-"))
     counts: Counter[str] = Counter()
@@ -916,6 +929,7 @@ def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 argv = []
             t0 = time.perf_counter()
+            signal.alarm(HANG_S)
             try:
                 with contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
                     if surface == "config":
@@ -924,6 +938,19 @@ def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
                     else:
                         rc = run_cli(argv)
                 counts["ok" if rc == 0 else "refused"] += 1
+            except Hang:
+                counts["crash"] += 1
+                counts["hang"] += 1
+                if len(crashes) < 20:
+                    crashes.append(
+                        {
+                            "i": i,
+                            "error": f"hang: still running after {HANG_S} s",
+                            "where": traceback.format_exc().splitlines()[-6:-1],
+                            "input": content[:2000].decode(errors="replace"),
+                            "args": extra,
+                        }
+                    )
             except FrenzyError:
                 counts["refused"] += 1
             except SystemExit as exc:
@@ -950,6 +977,8 @@ def role_fuzz(spec: dict[str, Any]) -> dict[str, Any]:
                             "args": extra,
                         }
                     )
+            finally:
+                signal.alarm(0)
             dt = time.perf_counter() - t0
             slowest = max(slowest, dt)
             slow += dt > SLOW_S
@@ -2094,6 +2123,8 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
             "cases": r["n"],
             "crashes": r["counts"].get("crash", 0),
             "slowest_s": r.get("slowest_s"),
+            "over_1s": r.get("slow_inputs"),
+            "hangs": r["counts"].get("hang", 0),
             "refused": r["counts"].get("refused", 0) + r["counts"].get("usage", 0),
             "ok": r["counts"].get("ok", 0),
         }
@@ -2171,7 +2202,7 @@ def table(doc: dict[str, Any]) -> str:
             note = (
                 f"HTTP 500 {v['http_500']}, tracebacks {v['tracebacks']}, loop max {v['loop_max_s']} s"
                 if name == "wire"
-                else f"slowest {v['slowest_s']} s"
+                else f"slowest {v['slowest_s']} s, {v['over_1s']} over 1 s, {v['hangs']} hangs (> {HANG_S} s)"
             )
             lines.append(
                 f"{name:<18}{v['cases']:>8}{v['crashes']:>9}{v.get('refused', '-'):>9}"
