@@ -94,13 +94,25 @@ class GossipDriver:
             return
         self.deliver(sender, msg)
 
-    def deliver(self, sender: str, msg: SwimMessage) -> None:
-        """A decoded message from the authenticated node ``sender``."""
+    def deliver(self, sender: str, msg: SwimMessage, *, answer: bool = False) -> SwimAck | None:
+        """A decoded message from the authenticated node ``sender``.  ``answer``: an ack owed to the
+        sender is returned instead of sent (the transport carries it back as the request's reply, one
+        round trip and no connection back)."""
         if not self.running:
-            return
+            return None
         self.received[msg.KIND] += 1
-        self._emit(self.core.receive(sender, msg, self._clock()))
+        out = self.core.receive(sender, msg, self._clock())
+        ack = None
+        if answer:
+            for i, o in enumerate(out):
+                if o.node_id == sender and isinstance(o.message, SwimAck):
+                    ack = o.message
+                    del out[i]
+                    self.sent[ack.KIND] += 1
+                    break
+        self._emit(out)
         self._schedule()
+        return ack
 
     # --- the loop ----------------------------------------------------------------------------
 

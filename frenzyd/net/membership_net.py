@@ -2,7 +2,8 @@
 
 ``Members`` runs the SWIM core (``frenzyd.net.membership``, through ``frenzyd.net.gossip``) over the
 mutual-TLS transport: each membership message is one ``POST /v1/msg`` whose sender the TLS certificate
-names (the core drops a message whose ``src`` is another node).  What the protocol learns goes into
+names (the core drops a message whose ``src`` is another node); a ping's ack is its reply, so a probe
+costs one request and no connection back.  What the protocol learns goes into
 the peer table (a member alive or suspect is live without heartbeats) and the election (each entry
 carries the member's priority, term and coordinator); an election change is gossiped as a new
 incarnation of this node's entry.  Heartbeats, which carry the full report, go only to the
@@ -22,13 +23,13 @@ from typing import Any
 
 from frenzyd.config import Config, TimingSection
 from frenzyd.errors import AuthError, ElectionError, PeerError
-from frenzyd.net import auth
-from frenzyd.net.dispatch import Dispatcher
+from frenzyd.net import auth, wire
+from frenzyd.net.dispatch import Dispatcher, Reply
 from frenzyd.net.election import Change, ElectionState, PeerView
 from frenzyd.net.gossip import SWIM_KINDS, GossipDriver
 from frenzyd.net.heartbeats import Heartbeats
 from frenzyd.net.membership import ALIVE, DEAD, SUSPECT, Membership, Params, SwimMessage
-from frenzyd.net.messages import HeartbeatReport, MemberEntry
+from frenzyd.net.messages import HeartbeatReport, MemberEntry, SwimAck
 from frenzyd.net.peer_table import PeerTable
 from frenzyd.net.transport import Transport
 
@@ -179,10 +180,12 @@ class Members:
 
     # --- moving frames -----------------------------------------------------------------------
 
-    async def _handle(self, peer_id: str, msg: Any) -> None:
-        if self.driver is not None:
-            typed: SwimMessage = msg
-            self.driver.deliver(peer_id, typed)
+    async def _handle(self, peer_id: str, msg: Any) -> Reply | None:
+        if self.driver is None:
+            return None
+        typed: SwimMessage = msg
+        ack = self.driver.deliver(peer_id, typed, answer=True)
+        return None if ack is None else Reply(ack.KIND, ack.to_body())
 
     def _send(self, address: str, node_id: str | None, frame: bytes) -> None:
         if self._in_flight.get(address, 0) >= MAX_IN_FLIGHT:
@@ -211,3 +214,11 @@ class Members:
                 self.counters.auth_refusals["wrong_peer"] += 1
             elif reply.kind == "error":
                 self.counters.send_failures[str(reply.body.get("reason", "error"))] += 1
+            elif reply.kind == SwimAck.KIND and self.driver is not None:  # a ping's ack, as its reply
+                try:
+                    ack = wire.parse(reply)
+                except wire.FrameRejected as exc:
+                    self.counters.dropped[exc.reason] += 1
+                    return
+                if isinstance(ack, SwimAck):
+                    self.driver.deliver(peer_id, ack)

@@ -125,6 +125,10 @@ async def test_swim_members_join_by_gossip_report_to_the_coordinator_only_and_fa
         assert rec is not None
         assert rec.report.gpus is None  # ...with no report: they never heartbeat each other
     assert n1.received["swim.ping"] > 0
+    assert n1.members is not None
+    assert n1.members.driver is not None
+    # A ping's ack comes back as the reply to its request (only forwarded acks are requests of their own).
+    assert n1.members.driver.received["swim.ack"] > n1.received["swim.ack"]
     # The coordinator leaves: n3 (priority 1) takes over and rebuilds the view from heartbeats.
     term = n2.election.term
     await n2.stop()
