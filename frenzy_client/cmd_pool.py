@@ -133,7 +133,26 @@ def _add_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_not_removed(pool_dir: Path, node_cert: Path) -> None:
+    """ConfigError when the pool's revocation list names the node: renewing would not bring it back."""
+    from frenzyd.errors import AuthError, ConfigError
+    from frenzyd.net import revocation
+
+    path = node_cert / auth.NODE_CERT_FILE if node_cert.is_dir() else node_cert
+    try:
+        ca = (pool_dir / auth.CA_FILE).read_bytes()
+        removed = revocation.read_file(ca, pool_dir / revocation.REVOCATIONS_FILE)
+        node_id, name = auth.verify_node_cert(ca, path.read_bytes())
+    except (OSError, AuthError):
+        return  # renew_node says what is wrong with the pool directory or the certificate
+    if removed is not None and removed.revokes(node_id):
+        raise ConfigError(f"node {name} ({node_id}) was removed from the pool (revocation list version "
+                          f"{removed.version}): a certificate for its key would be refused too; enrol it "
+                          f"again under a new key: frenzy-client pool add-node {pool_dir} NAME")
+
+
 def _renew_node(args: argparse.Namespace) -> int:
+    _check_not_removed(args.dir, args.node_cert)
     cert = auth.renew_node(args.dir, args.node_cert, out=args.out, valid_days=args.days)
     if args.json:
         print(json.dumps({"node_id": cert.node_id, "node_name": cert.node_name, "certificate": str(cert.path),

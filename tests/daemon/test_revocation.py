@@ -135,6 +135,9 @@ def test_renew_node_keeps_the_node_id_and_never_needs_its_key(
     # remove-node names every certificate issued under the name, the renewed one included.
     lst = revocation.revoke(tmp_path / "p", ["x"])
     assert auth.certificate_fingerprint(after.cert_pem) in lst.nodes[0].fingerprints
+    # A removed node's key is not renewed (its certificate would be refused anyway).
+    assert run_cli(argv) != 0
+    assert "was removed from the pool" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="1 to 3650 days"):
         auth.renew_node(tmp_path / "p", tmp_path / "x", valid_days=0)
 
