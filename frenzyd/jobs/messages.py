@@ -20,6 +20,7 @@ from typing import Any, Final, Self
 
 from frenzyd.errors import WireError
 from frenzyd.jobs.model import JobRecord, valid_job_id
+from frenzyd.net.election import MAX_TERM
 from frenzyd.net.wire import KINDS, SIGNED_KIND, Body, Schema, message, register_kind
 
 SIGNED_KINDS: Final = frozenset({"job.launch", "job.stop"})
@@ -49,6 +50,16 @@ def _job_id(body: Mapping[str, Any]) -> str:
     if not valid_job_id(job_id):
         raise WireError(f"bad job id {job_id[:80]!r}")
     return job_id
+
+
+def _term(body: Mapping[str, Any]) -> int:
+    """The body's ``term``, checked: 0..``MAX_TERM`` (2**53 - 1), the bound heartbeats and signed
+    orders already have.  A lease granted at term 2**64 - 1 broke the node's own heartbeat report
+    (its lease list failed the report check) until the lease expired."""
+    term: int = body["term"]
+    if not 0 <= term <= MAX_TERM:
+        raise WireError(f"term {term} out of range 0..{MAX_TERM}")
+    return term
 
 
 def _attempt(body: Mapping[str, Any]) -> int:
@@ -122,7 +133,7 @@ class JobAttempt(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(_job_id(body), body["term"], body["after"])
+        return cls(_job_id(body), _term(body), body["after"])
 
 
 @message("lease.request", Schema(required={"job_id": str, "attempt": int, "gpus": list, "term": int}),
@@ -142,7 +153,7 @@ class LeaseRequest(Body):
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
         return cls(_job_id(body), _attempt(body), tuple(g for g in body["gpus"] if isinstance(g, str)),
-                   body["term"])
+                   _term(body))
 
 
 @message("lease.release", Schema(required={"job_id": str, "attempt": int, "term": int}))
@@ -159,7 +170,7 @@ class LeaseRelease(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(_job_id(body), _attempt(body), body["term"])
+        return cls(_job_id(body), _attempt(body), _term(body))
 
 
 @message("job.launch", Schema(required={"job_id": str, "attempt": int, "term": int, "record": dict,
@@ -192,7 +203,7 @@ class JobLaunch(Body):
         record = JobRecord.from_dict(body["record"])
         if record.id != _job_id(body) or record.attempt != _attempt(body):
             raise WireError("job.launch: the record is not the ordered job's attempt")
-        return cls(_job_id(body), _attempt(body), body["term"], record, body["master_addr"],
+        return cls(_job_id(body), _attempt(body), _term(body), record, body["master_addr"],
                    body["master_port"], body["start_store"], body["backend"])
 
 
@@ -218,7 +229,7 @@ class JobStop(Body):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Self:
-        return cls(_job_id(body), _attempt(body), body["term"], str(body.get("preempt", "")))
+        return cls(_job_id(body), _attempt(body), _term(body), str(body.get("preempt", "")))
 
 
 @message("payload.fetch", Schema(required={"job_id": str, "attempt": int, "offset": int, "length": int},
@@ -371,7 +382,7 @@ class JobExit(Body):
                       if isinstance(c, list) and len(c) == 2
                       and all(isinstance(x, int) and not isinstance(x, bool) for x in c))
         record = None if body.get("record") is None else JobRecord.from_dict(body["record"])
-        return cls(_job_id(body), _attempt(body), body["term"], codes, body["peer"], record,
+        return cls(_job_id(body), _attempt(body), _term(body), codes, body["peer"], record,
                    bool(body.get("vacated", False)), str(body.get("reason", "")),
                    bool(body.get("preempted", False)))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import random
 import tomllib
 from collections.abc import Mapping
@@ -78,10 +79,10 @@ def parse_cluster_toml(text: str) -> Cluster:
         try:
             mem_b = int(float(mem) * GIB) if mem is not None else base.memory_bytes  # type: ignore[union-attr]
             spd = float(speed) if speed is not None else base.speed  # type: ignore[union-attr]
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"[types.{name}] memory_gib and speed must be numbers") from exc
-        if mem_b <= 0 or spd <= 0:
-            raise ConfigError(f"[types.{name}] memory_gib and speed must be positive")
+        except (TypeError, ValueError, OverflowError) as exc:  # Overflow: memory_gib = inf
+            raise ConfigError(f"[types.{name}] memory_gib and speed must be finite numbers") from exc
+        if mem_b <= 0 or not 0 < spd < math.inf:
+            raise ConfigError(f"[types.{name}] memory_gib and speed must be positive and finite")
         types[name] = GpuTypeSpec(name, mem_b, spd)
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
