@@ -72,8 +72,14 @@ CALIBRATED_TORCH = "2.13"
 
 
 @functools.lru_cache(maxsize=4096)
-def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+def _divisors(n: int, limit: int | None = None) -> tuple[int, ...]:
+    """The divisors of ``n`` (at most ``limit``), ascending, in O(sqrt(n)) steps, or O(limit) when a
+    limit is given (a model config's 2**31 layers took minutes as a scan of every number to n)."""
+    if limit is not None and limit < math.isqrt(n):
+        return tuple(d for d in range(1, limit + 1) if n % d == 0)
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    every = small + [n // d for d in reversed(small) if d * d != n]
+    return tuple(d for d in every if limit is None or d <= limit)
 
 
 def _peak_flops(pool: GpuPool) -> float:
@@ -129,7 +135,7 @@ def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> li
     """Every dp x tp x pp = ``gpus`` the model and batch allow, tp then pp ascending (tp <= per_node and
     dividing heads, kv heads and ffn; pp dividing the layers; dp dividing the global batch)."""
     out = []
-    pps = _divisors(model.layers)
+    pps = _divisors(model.layers, gpus)  # pp <= gpus: no need for the larger divisors
     for tp in range(1, min(gpus, per_node) + 1):
         if gpus % tp or model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
