@@ -1851,6 +1851,7 @@ def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = 
         marks["setup"] = round(time.monotonic() - t_setup, 1)
         with LagProbe(d0.conf.socket) as probe:
             t_start = time.time()
+            windows: dict[str, tuple[float, float]] = {}
             # --- client API, unix socket and TCP ---
             if "client" in plan.sections:
                 t0 = time.monotonic()
@@ -1885,6 +1886,7 @@ def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = 
                     c["ident"] = "none (wrong token)"
                 tcpm["cells"] += bad["cells"]
                 out["client"] = {"unix": unix, "tcp": tcpm, "wall_s": round(time.monotonic() - t0, 1)}
+                windows["client"] = (time.time() - out["client"]["wall_s"], time.time())
                 # the jobs the matrix submitted (other users' wait for slot accounts) go away
                 for listed in (_unix_json(str(d0.conf.socket), "/v1/jobs") or {}).get("jobs", []):
                     if listed["id"] != peer_job["id"] and listed.get("state") not in (
@@ -1933,6 +1935,7 @@ def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = 
                     300,
                     "the peer matrix",
                 )
+                windows["peer"] = (time.time() - (time.monotonic() - t0), time.time())
                 out["peer"] = got | {
                     "revoked": why or "available",
                     "tracebacks": tracebacks(d0.log_path) - tb0,
@@ -1946,6 +1949,7 @@ def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = 
                     3600,
                     "the wire fuzz",
                 )
+                windows["wire"] = (w0, time.time())
                 out["wire"] = got | {
                     "tracebacks": tracebacks(d0.log_path) - tb0,
                     "alive": d0.proc is not None and d0.proc.poll() is None,
@@ -1956,10 +1960,13 @@ def namespaced(plan: Plan, base: Path, before_flood: Callable[[], Any] | None = 
             if before_flood is not None:
                 before_flood()
             if "flood" in plan.sections:
-                t0 = time.monotonic()
+                t0, f0 = time.monotonic(), time.time()
                 out["flood"] = flood(plan, lab, d0, common, str(foreign), tag)
                 marks["flood"] = round(time.monotonic() - t0, 1)
+                windows["flood"] = (f0, time.time())
             out["loop_all"] = probe.window(t_start, time.time())
+            # the probe's slowest answer per phase (the flood's own window includes its idle part)
+            out["loop_by_phase"] = {name: probe.window(t0w, t1w) for name, (t0w, t1w) in windows.items()}
         out["daemon_alive"] = d0.proc is not None and d0.proc.poll() is None
         out["daemon_tracebacks"] = tracebacks(d0.log_path)
         out["tcp_daemon_tracebacks"] = tracebacks(d1.log_path)
@@ -2208,6 +2215,13 @@ def table(doc: dict[str, Any]) -> str:
                 f"{name:<18}{v['cases']:>8}{v['crashes']:>9}{v.get('refused', '-'):>9}"
                 f"{v.get('ok', '-'):>7}  {note}"
             )
+    if ns.get("loop_all"):
+        la = ns["loop_all"]
+        phases = ", ".join(f"{k} {v['max_s']} s" for k, v in (ns.get("loop_by_phase") or {}).items())
+        lines.append(
+            f"event-loop probe ({la['probes']} answers, every 50 ms): slowest {la['max_s']} s, "
+            f"{la['over_1s']} over 1 s" + (f"; slowest by phase: {phases}" if phases else "")
+        )
     fl = s.get("flood")
     if fl:
         cfg = ns["flood"]["config"]
