@@ -3,13 +3,15 @@
 Until its TLS handshake completes, a connection to the peer port is *unauthenticated*: anyone on
 the LAN can open one.  :class:`GatedTLSSite` accepts plain TCP, counts such connections per source
 address and in total, closes at once one that would exceed ``[network] max_unauthenticated_per_ip``
-or ``max_unauthenticated``, and runs the handshake (``loop.start_tls``) under ``[network]
-handshake_timeout_s``.  A completed handshake proved a certificate of the pool CA (the TLS context
-requires one): the connection leaves the counts and is handed to aiohttp's request handler, so
-members' established connections are never limited here.  Refusals are counted by reason
-(``unauth_per_ip``, ``unauth_total``, ``handshake_timeout``) in the caller's counter.  A certificate of
-the pool CA that ``check_peer`` refuses (one the revocation list names: ``revoked_certificate``) is
-closed right after the handshake, before any request is read.
+or ``max_unauthenticated`` (a connection from a member's address is exempt from the total: a flood
+of strangers holding every slot must not lock the pool's own members out), and runs the handshake
+(``loop.start_tls``) under ``[network] handshake_timeout_s``.  A completed handshake proved a
+certificate of the pool CA (the TLS context requires one): the connection leaves the counts and is
+handed to aiohttp's request handler, so members' established connections are never limited here.
+Refusals are counted by reason (``unauth_per_ip``, ``unauth_total``, ``handshake_timeout``) in the
+caller's counter.  A certificate of the pool CA that ``check_peer`` refuses (one the revocation
+list names: ``revoked_certificate``) is closed right after the handshake, before any request is
+read.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import logging
 import ssl
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from aiohttp import web
 
@@ -28,6 +30,8 @@ OnRefused = Callable[[str, str], None]
 """``on_refused(reason, source_ip)``."""
 CheckPeer = Callable[[bytes], str | None]
 """``check_peer(certificate_der)`` -> a refusal reason, or None to admit the connection."""
+KnownHosts = Callable[[], Container[str]]
+"""``known_hosts()`` -> the addresses members were heard from (exempt from the total cap)."""
 
 
 class _Pending(asyncio.Protocol):
@@ -85,6 +89,7 @@ class GatedTLSSite(web.TCPSite):
         on_refused: OnRefused,
         backlog: int = 128,
         check_peer: CheckPeer | None = None,
+        known_hosts: KnownHosts | None = None,
     ) -> None:
         super().__init__(runner, host, port, backlog=backlog)
         self._tls = ssl_context
@@ -93,6 +98,7 @@ class GatedTLSSite(web.TCPSite):
         self._max_per_ip = max_per_ip
         self._on_refused = on_refused
         self._check_peer = check_peer
+        self._known_hosts = known_hosts
         self.by_ip: Counter[str] = Counter()
         self.unauthenticated = 0
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -123,7 +129,8 @@ class GatedTLSSite(web.TCPSite):
             transport.abort()
             self._on_refused("unauth_per_ip", ip)
             return
-        if self.unauthenticated >= self._max_total:
+        if self.unauthenticated >= self._max_total and (
+                self._known_hosts is None or ip not in self._known_hosts()):
             transport.abort()
             self._on_refused("unauth_total", ip)
             return

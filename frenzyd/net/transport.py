@@ -94,6 +94,11 @@ class Transport:
         self.site: GatedTLSSite | None = None
         """The server's site (its ``unauthenticated`` count); None before start."""
 
+    def _member_hosts(self) -> set[str]:
+        """The hosts of every member's advertised address (the gate's exemption from its total cap:
+        asked only when the cap is reached)."""
+        return {r.address.rsplit(":", 1)[0].strip("[]") for r in self.table.records() if r.address}
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -120,6 +125,7 @@ class Transport:
             on_refused=self._count_door_refusal,
             backlog=128,
             check_peer=self.dispatch.refuse_certificate,
+            known_hosts=self._member_hosts,
         )
         self.site = site
         try:

@@ -434,3 +434,43 @@ def test_limits_are_config_keys_with_defaults(
                 "network.mdns_entry_ttl_s", "web.idle_timeout_s",
                 "web.max_connections", "election.max_term_jump", "launcher.env_allow"):
         assert f"`{key}`" in CONFIG_REFERENCE
+
+
+async def test_strangers_holding_every_slot_do_not_lock_a_member_out(
+    make_net: Any, pool_creds: dict[str, auth.Credentials]
+) -> None:
+    """bench_robustness's flood: strangers held all of max_unauthenticated, so a member that had to
+    open a new connection was turned away at accept. A member's address is exempt from the total."""
+    n1 = await make_net("n1", handshake_timeout_s=30.0, max_unauthenticated_per_ip=2, max_unauthenticated=4)
+    port = n1.port
+    assert port is not None
+    n2 = pool_creds["n2"]
+    hb = wire.encode("heartbeat", _hb(n2, address="127.0.0.3:7470"))
+    assert (await _post(n1, n2, hb, local_addr=("127.0.0.3", 0)))[0] == 200  # n2 is a member now
+    conns = []
+    for i in range(3):  # strangers from 3 addresses fill the 4 slots (the 5th and 6th are refused)
+        for _ in range(2):
+            sock = socket.socket()
+            sock.bind((f"127.0.0.{20 + i}", 0))
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            conns.append(await asyncio.open_connection(sock=sock))
+    closed = await asyncio.gather(*(_eof_within(r, 0.3) for r, _ in conns))
+    assert sum(closed) == 2
+    assert n1.transport.site is not None
+    assert n1.transport.site.unauthenticated == 4
+    # A new connection from the member's address is let through to its handshake and served.
+    status, reply = await _post(n1, n2, hb, local_addr=("127.0.0.3", 0))
+    assert (status, reply.kind) == (200, "heartbeat")
+    # A stranger from a new address is still refused by the total.
+    refused = n1.auth_refusals["unauth_total"]
+    sock = socket.socket()
+    sock.bind(("127.0.0.30", 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    r, w = await asyncio.open_connection(sock=sock)
+    assert await _eof_within(r, 1.0)
+    assert n1.auth_refusals["unauth_total"] == refused + 1
+    w.close()
+    for _, w in conns:
+        w.close()
