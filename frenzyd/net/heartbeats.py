@@ -148,19 +148,15 @@ class Heartbeats:
         self.election.observe(PeerView(rec.node_id, rec.priority, rec.term, rec.coordinator))
         if rec.address and rec.address != self.transport.address:
             self.book.add(rec.address, "report")
-        if revived:
-            log.info("peer %s (%s) at %s is live", rec.name, rec.node_id[:12], rec.address)
-        if self._on_peer is not None:
-            try:
-                self._on_peer(rec, revived)
-            except Exception:
-                log.exception("on_peer callback failed")
-        self._notify()
+        self._announce(rec, revived, "")
 
     def member_seen(self, rec: PeerRecord, revived: bool) -> None:
         """The membership protocol changed what it says of a peer: tell ``on_peer`` and the waiters."""
+        self._announce(rec, revived, " (membership)")
+
+    def _announce(self, rec: PeerRecord, revived: bool, how: str) -> None:
         if revived:
-            log.info("peer %s (%s) at %s is live (membership)", rec.name, rec.node_id[:12], rec.address)
+            log.info("peer %s (%s) at %s is live%s", rec.name, rec.node_id[:12], rec.address, how)
         if self._on_peer is not None:
             try:
                 self._on_peer(rec, revived)

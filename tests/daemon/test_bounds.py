@@ -403,14 +403,8 @@ async def test_the_peer_port_caps_unauthenticated_connections_in_total(make_net:
     n1 = await make_net("n1", handshake_timeout_s=30.0, max_unauthenticated_per_ip=2, max_unauthenticated=5)
     port = n1.port
     assert port is not None
-    conns = []
-    for i in range(4):  # 8 connections from 4 addresses: only 5 fit
-        for _ in range(2):
-            sock = socket.socket()
-            sock.bind((f"127.0.0.{10 + i}", 0))
-            sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-            conns.append(await asyncio.open_connection(sock=sock))
+    # 8 connections from 4 addresses: only 5 fit
+    conns = [await _connect_from(f"127.0.0.{10 + i}", port) for i in range(4) for _ in range(2)]
     closed = await asyncio.gather(*(_eof_within(r, 0.3) for r, _ in conns))
     assert sum(closed) == 3
     assert n1.auth_refusals["unauth_total"] == 3
@@ -447,14 +441,8 @@ async def test_strangers_holding_every_slot_do_not_lock_a_member_out(
     n2 = pool_creds["n2"]
     hb = wire.encode("heartbeat", _hb(n2, address="127.0.0.3:7470"))
     assert (await _post(n1, n2, hb, local_addr=("127.0.0.3", 0)))[0] == 200  # n2 is a member now
-    conns = []
-    for i in range(3):  # strangers from 3 addresses fill the 4 slots (the 5th and 6th are refused)
-        for _ in range(2):
-            sock = socket.socket()
-            sock.bind((f"127.0.0.{20 + i}", 0))
-            sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-            conns.append(await asyncio.open_connection(sock=sock))
+    # strangers from 3 addresses fill the 4 slots (the 5th and 6th are refused)
+    conns = [await _connect_from(f"127.0.0.{20 + i}", port) for i in range(3) for _ in range(2)]
     closed = await asyncio.gather(*(_eof_within(r, 0.3) for r, _ in conns))
     assert sum(closed) == 2
     assert n1.transport.site is not None
@@ -464,13 +452,18 @@ async def test_strangers_holding_every_slot_do_not_lock_a_member_out(
     assert (status, reply.kind) == (200, "heartbeat")
     # A stranger from a new address is still refused by the total.
     refused = n1.auth_refusals["unauth_total"]
-    sock = socket.socket()
-    sock.bind(("127.0.0.30", 0))
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    r, w = await asyncio.open_connection(sock=sock)
+    r, w = await _connect_from("127.0.0.30", port)
     assert await _eof_within(r, 1.0)
     assert n1.auth_refusals["unauth_total"] == refused + 1
     w.close()
     for _, w in conns:
         w.close()
+
+
+async def _connect_from(ip: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A plain TCP connection to the peer port from the loopback address ``ip``."""
+    sock = socket.socket()
+    sock.bind((ip, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock)
