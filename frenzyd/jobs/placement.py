@@ -117,10 +117,20 @@ def offers_from_reports(
             except (KeyError, TypeError, ValueError):
                 continue
         la = rep.get("launcher")
+        if _slots_full(la):  # every slot account busy: a launch there would be refused
+            gpus = [replace(g, available=False) for g in gpus]
         offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
                                 str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
                                 trainer_only=isinstance(la, Mapping) and la.get("accept") == "trainer-only"))
     return offers
+
+
+def _slots_full(launcher: Any) -> bool:
+    """A report's ``launcher`` says it runs ranks as slot accounts and every one is busy."""
+    if not isinstance(launcher, Mapping) or launcher.get("runs_as") != "slots":
+        return False
+    total, busy = launcher.get("slots"), launcher.get("slots_busy")
+    return isinstance(total, int) and isinstance(busy, int) and busy >= total
 
 
 @dataclass

@@ -341,6 +341,21 @@ def test_a_trainer_only_node_gets_no_script_and_refuses_one_anyway() -> None:
     iso.admit("j", None, trainer=True)
 
 
+def test_a_node_whose_slots_are_all_busy_is_offered_no_gpu() -> None:
+    """Its launches would be refused (all slots busy): placing there again each pass only made the
+    job's attempt numbers climb. Its GPUs come back when a slot is free."""
+    gpu = {"uuid": "g0", "index": 0, "type": "A10", "memory_bytes": 24 << 30, "free_bytes": 24 << 30,
+           "offered": True}
+    reports = {"ws": {"python": "3.11.7", "torch": "2.13.0", "gpus": [gpu],
+                      "launcher": {"accept": "any", "runs_as": "slots", "slots": 2, "slots_busy": 2}}}
+    assert not offers_from_reports(reports)[0].gpus[0].available
+    assert place(_spec(False), offers_from_reports(reports)) is None  # waits; it can fit later
+    reports["ws"]["launcher"]["slots_busy"] = 1
+    assert place(_spec(False), offers_from_reports(reports)) is not None
+    reports["ws"]["launcher"] = {"accept": "any", "runs_as": "own-user"}  # no slots: never full
+    assert place(_spec(False), offers_from_reports(reports)) is not None
+
+
 def test_secrets_must_be_private(tmp_path: Path) -> None:
     key = tmp_path / "node.key"
     key.write_text("k")
