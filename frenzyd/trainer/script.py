@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.errors import ConfigError
-from frenzyd.trainer import control
+from frenzyd.trainer.control import checkpoint_complete
+from frenzyd.trainer.control import report as report_progress
 
 MARKER = "COMPLETE"
 """Written last in a checkpoint directory; the daemon sends only directories that have it."""
@@ -135,9 +136,9 @@ class Checkpointable:
         for other in root.glob("step-*"):
             if other.name < final.name:
                 shutil.rmtree(other, ignore_errors=True)
-        control.checkpoint_complete(step, str(final))
+        checkpoint_complete(step, str(final))
 
     def report(self, step: int, loss: float, **extra: Any) -> bool:
         """Progress for the daemon (``frenzyd.trainer.report``): the scheduler counts the steps
         done against ``--steps``.  Call it on rank 0 (other ranks' reports are kept, not used)."""
-        return control.report(step, loss, **extra)
+        return report_progress(step, loss, **extra)
