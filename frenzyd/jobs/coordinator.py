@@ -52,6 +52,12 @@ from frenzyd.jobs.placement import (
 
 log = logging.getLogger(__name__)
 
+REFUSED_BAR_S = 30.0
+"""A peer that refused a job's lease or launch gets no placement of it for this long, doubled at each
+refusal up to ``REFUSED_BAR_MAX_S`` (an owner-busy or full peer recovers; a misconfigured one costs
+the job one attempt number per bar, not one per pass)."""
+REFUSED_BAR_MAX_S = 600.0
+
 
 class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
@@ -83,6 +89,7 @@ class CoordinatorRole:
         self._stop_began: dict[tuple[str, int], float] = {}  # attempt being preempted -> when ordered
         self._start_began: dict[tuple[str, int], float] = {}  # attempt started -> when its placement began
         self._stopped: dict[str, int] = {}  # job -> its last attempt preempted here, every rank exited
+        self._refused: dict[tuple[str, str], tuple[float, int]] = {}  # (job, peer) -> (barred until, times)
         self.preemptions = 0
         """Preemption orders given in this term (shrink, grow, move and stop alike)."""
 
@@ -127,7 +134,7 @@ class CoordinatorRole:
         self.table.forget_finished(KEEP_FINISHED)
         self._measure_starts(v, now)
         self._start_pending(v)
-        queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q))
+        queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q), owner=q.owner)
                  for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
         movable = [self._running_info(v, r) for r in self.table.running()
                    if r.spec.keeps_checkpoints and r.plan is not None
@@ -136,7 +143,7 @@ class CoordinatorRole:
         if not queue and not (movable and any(g.available for p in offers for g in p.gpus)):
             return
         sched = await asyncio.to_thread(schedule, queue, offers, now_s=self.ctx.clock(), running=movable,
-                                        policy=self.policy, restart=self.restart)
+                                        policy=self.policy, restart=self.restart, refused=self._barred(now))
         for job_id, reason in sched.infeasible:
             # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
             # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
@@ -212,7 +219,27 @@ class CoordinatorRole:
     def _running_info(self, v: ClusterView, rec: JobRecord) -> RunningInfo:
         assert rec.plan is not None
         return RunningInfo(rec.id, rec.spec, rec.plan, tuple((r.peer, r.gpu_index) for r in rec.ranks),
-                           rec.started_at or self.ctx.clock(), self._done_steps(v, rec))
+                           rec.started_at or self.ctx.clock(), self._done_steps(v, rec), owner=rec.owner)
+
+    def _bar(self, job_id: str, peer: str) -> None:
+        """``peer`` refused (or did not take) the job's lease or launch: place the job elsewhere for a
+        while, doubling each time, instead of asking again every pass (each try costs an attempt)."""
+        n = self._refused.get((job_id, peer), (0.0, 0))[1] + 1
+        wait = min(REFUSED_BAR_MAX_S, REFUSED_BAR_S * 2 ** (n - 1))
+        self._refused[(job_id, peer)] = (self.ctx.clock() + wait, n)
+        log.info("job %s: not placing it on peer %s for %.0fs (refused %d time(s))", job_id, peer[:12],
+                 wait, n)
+
+    def _barred(self, now: float) -> dict[str, set[str]]:
+        """Job id -> the peers it is kept off now (a job's refusal count lives as long as the job)."""
+        out: dict[str, set[str]] = {}
+        for (job_id, peer), (until, _) in list(self._refused.items()):
+            rec = self.table.get(job_id)
+            if rec is None or rec.terminal:
+                del self._refused[(job_id, peer)]
+            elif until > now:
+                out.setdefault(job_id, set()).add(peer)
+        return out
 
     def _preempt(self, job_id: str, why: str, v: ClusterView) -> None:
         """Stop a running checkpointable job for the scheduler: every rank gets SIGTERM and its grace
@@ -285,6 +312,7 @@ class CoordinatorRole:
         granted: list[str] = []
         launched: list[str] = []
         attempt = 0
+        blame: list[str] = []  # the peers that refused or did not take it
         try:
             attempt = await self._begin_attempt(rec, term)
             if attempt == 0:
@@ -303,6 +331,7 @@ class CoordinatorRole:
                 ack = Ack.from_body(await self.ctx.send(
                     peer, LeaseRequest(rec.id, attempt, tuple(r.gpu for r in ranks), term), SEND_TIMEOUT_S))
                 if not ack.ok:
+                    blame.append(peer)
                     raise LeaseError(f"peer {peer[:12]} refused the lease: {ack.reason}")
                 granted.append(peer)
             running = step(rec, Placed(attempt, pl.ranks, term, pl.plan), now=self.ctx.clock())
@@ -313,6 +342,7 @@ class CoordinatorRole:
             reply = await self.ctx.send_order(rank0, order, LAUNCH_TIMEOUT_S)
             launched.append(rank0)
             if not (ack := Ack.from_body(reply)).ok:
+                blame.append(rank0)
                 raise LaunchError(f"peer {rank0[:12]} refused the launch: {ack.reason}")
             order = replace(order, master_port=LaunchAck.port_of(reply), start_store=False)
             others = [p for p in by_peer if p != rank0]
@@ -321,6 +351,8 @@ class CoordinatorRole:
                 return_exceptions=True,
             )
             launched.extend(others)
+            blame.extend(p for p, rep in zip(others, replies, strict=True)
+                         if isinstance(rep, BaseException) or not Ack.from_body(rep).ok)
             for p, rep in zip(others, replies, strict=True):
                 if isinstance(rep, BaseException):
                     raise LaunchError(f"peer {p[:12]} did not take the launch: {rep}")
@@ -346,6 +378,8 @@ class CoordinatorRole:
                 await self._stop_everywhere(running, term)
         except (FrenzyError, OSError) as exc:
             log.warning("job %s: placement of attempt %d failed (%s); it stays queued", rec.id, attempt, exc)
+            for peer in blame:
+                self._bar(rec.id, peer)
             if launched:
                 await self._stop_everywhere(rec, term, only=launched, attempt=attempt)
             for peer in granted:

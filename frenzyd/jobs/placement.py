@@ -83,6 +83,9 @@ class PeerOffer:
     gpus: tuple[OfferedGpu, ...]
     trainer_only: bool = False
     """``[launcher] accept = "trainer-only"``: the peer runs no script job, only the built-in trainer."""
+    only_jobs_of: str | None = None
+    """The peer cannot switch users (no slot accounts), so it runs only this user's jobs (its
+    report's ``launcher.only_jobs_of``); None: anyone's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +122,11 @@ def offers_from_reports(
         la = rep.get("launcher")
         if _slots_full(la):  # every slot account busy: a launch there would be refused
             gpus = [replace(g, available=False) for g in gpus]
+        only = la.get("only_jobs_of") if isinstance(la, Mapping) else None
         offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
                                 str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
-                                trainer_only=isinstance(la, Mapping) and la.get("accept") == "trainer-only"))
+                                trainer_only=isinstance(la, Mapping) and la.get("accept") == "trainer-only",
+                                only_jobs_of=only if isinstance(only, str) and only else None))
     return offers
 
 
@@ -432,6 +437,9 @@ class QueuedJob:
     arrival_s: float
     done_steps: int = 0
     """Steps its checkpoint keeps (a preempted trainer job), from its submitter's progress."""
+    owner: str | None = None
+    """The submitting user (``JobRecord.owner``): a peer that runs only its own user's jobs takes
+    no one else's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +453,7 @@ class RunningInfo:
     gpus: tuple[tuple[str, int], ...]
     started_s: float
     done_steps: int = 0
+    owner: str | None = None
 
 
 DEFAULT_START_S = 60.0
@@ -669,14 +678,17 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
 def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
     headroom: float = DEFAULT_HEADROOM, running: Sequence[RunningInfo] = (), policy: Any = None,
-    restart: RestartCosts | None = None,
+    restart: RestartCosts | None = None, refused: Mapping[str, Container[str]] | None = None,
 ) -> Schedule:
     """Decide which queued jobs start now and where, and which running checkpointable jobs HAS
     stops, shrinks, grows or moves (HAS ``frenzy`` policy, or ``policy``; see module docstring).
 
     ``policy`` is the coordinator's one instance for its term, so its caches live across passes.
     ``restart``: what a re-placement costs in this pool (the coordinator's measurements), told to
-    the policy as every job's restart cost (start) and stop cost; None: ``has.speed``'s model."""
+    the policy as every job's restart cost (start) and stop cost; None: ``has.speed``'s model.
+    ``refused``: job id -> peers that refused its launch lately: no placement of the job uses them,
+    nor a peer that runs only another user's jobs (``PeerOffer.only_jobs_of``).  HAS does not know
+    those bars, so a job it places on a barred peer gets MARP's best plan on the GPUs left instead."""
     from frenzyd.has.frenzy import FrenzyPolicy
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot
 
@@ -762,11 +774,28 @@ def schedule(
     why: dict[str, str] = {}
     taken: set[str] = set()
     specs = {q.job_id: q.spec for q in queue} | {r.job_id: r.spec for r in running}
+    owners = {q.job_id: q.owner for q in queue} | {r.job_id: r.owner for r in running}
+    barred_from: dict[str, set[str]] = {}
+
+    def barred(job_id: str) -> set[str]:
+        """Peers the job must not go to: they refused it lately, or run only another user's jobs."""
+        out = barred_from.get(job_id)
+        if out is None:
+            owner = owners.get(job_id)
+            lately = (refused or {}).get(job_id, ())
+            out = barred_from[job_id] = {p.node_id for p in offers if p.node_id in lately
+                                         or (owner is not None and p.only_jobs_of not in (None, owner))}
+        return out
+
+    rerouted: list[str] = []
     for pl in decision.placements:
         spec = specs.get(pl.job_id)
         chosen = [by_key.get((hg.peer, hg.index)) for hg in pl.gpus]
         if spec is None or any(c is None or c.uuid in taken for c in chosen) \
                 or not all(versions_match(spec, peer_of[hg.peer]) for hg in pl.gpus):
+            continue
+        if any(hg.peer in barred(pl.job_id) for hg in pl.gpus):
+            rerouted.append(pl.job_id)
             continue
         # GPUs a preempted job holds (its own included) are free once it has stopped.
         waits = [hg for hg in pl.gpus if held_by.get(hg) in preempted]
@@ -816,12 +845,27 @@ def schedule(
             free_now = sorted(g.free_bytes for p in rest for g in p.gpus if g.available)
         if len(free_now) - bisect.bisect_left(free_now, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1):
             continue
-        mixed = place(q.spec, rest, headroom=headroom)
+        bar = barred(q.job_id)
+        mixed = place(q.spec, [p for p in rest if p.node_id not in bar], headroom=headroom)
         if mixed is not None:
             rest = None
             mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
+    # Model jobs HAS put on a barred peer: MARP's best plan on the free GPUs of the others.
+    placed = {j for j, _ in start} | {j for j, _ in pending}
+    for job_id in dict.fromkeys(rerouted):
+        spec = specs[job_id]
+        if job_id in placed or job_id in running_ids or not _is_model(spec):
+            continue
+        bar = barred(job_id)
+        try:
+            alt = place(spec, [_without(p, taken) for p in offers if p.node_id not in bar], headroom=headroom)
+        except FrenzyError:
+            continue
+        if alt is not None:
+            taken.update(r.gpu for r in alt.ranks)
+            start.append((job_id, replace(alt, plan=replace(alt.plan, policy=f"{policy.name} (rerouted)"))))
     return Schedule(tuple(start), tuple(infeasible), policy.name, tuple((j, why[j]) for j in preempted),
                     tuple(pending))
 
