@@ -47,6 +47,7 @@ from frenzyd.jobs.placement import (
     RestartCosts,
     RunningInfo,
     offers_from_reports,
+    restart_key,
     schedule,
 )
 
@@ -207,7 +208,7 @@ class CoordinatorRole:
             progress = self._progress(v, rec)
             if progress.get("attempt") == key[1] and isinstance(progress.get("step"), int):
                 del self._start_began[key]
-                if self.restart.observe_start(now - began):
+                if self.restart.observe_start(now - began, restart_key(rec.spec)):
                     log.info("job %s attempt %d: first step %.1fs after its placement; restart cost now "
                              "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], now - began,
                              self.restart.restart_s, self.restart.start_s, self.restart.stop_s)
@@ -475,7 +476,8 @@ class CoordinatorRole:
                 if set(known.peers()) <= self._preempting[key]:
                     del self._preempting[key]
                     began = self._stop_began.pop(key, None)
-                    if began is not None and self.restart.observe_stop(self.ctx.clock() - began):
+                    if began is not None and self.restart.observe_stop(self.ctx.clock() - began,
+                                                                       restart_key(known.spec)):
                         log.info("job %s attempt %d: every rank exited %.1fs after the stop order; restart "
                                  "cost now %.1fs", job_id, msg.attempt, self.ctx.clock() - began,
                                  self.restart.restart_s)

@@ -36,6 +36,8 @@ paid about 90 s per preemption, not 30).
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import math
 import random
 from collections.abc import Container, Mapping, Sequence
@@ -477,7 +479,11 @@ class RestartCosts:
     exit report: the step in flight, the checkpoint write and its copy to the submitter).  Each is an
     exponentially weighted mean (``weight`` per measurement) seeded with a conservative default.
     HAS is told ``start_s + stop_s`` as every job's restart cost (``PoolSpeed``).  A value, no clock:
-    the caller measures."""
+    the caller measures.
+
+    A measurement names the job's model (``restart_key``) as well: ``models`` keeps one estimate per
+    model, seeded with the pool's, and ``for_model`` gives a model's own figure for each part it has
+    measured (a 7 B checkpoint is written and loaded far slower than gpt2's), the pool's otherwise."""
 
     start_s: float = DEFAULT_START_S
     stop_s: float = DEFAULT_STOP_S
@@ -486,6 +492,8 @@ class RestartCosts:
     """Starts measured so far."""
     stops: int = 0
     """Stops measured so far."""
+    models: dict[str, RestartCosts] = field(default_factory=dict)
+    """``restart_key`` -> that model's own estimates (never nested further)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
@@ -499,26 +507,71 @@ class RestartCosts:
         """Seconds HAS charges a re-placement of a running job: its stop and the new start."""
         return self.start_s + self.stop_s
 
-    def observe_start(self, seconds: float) -> bool:
-        """Fold in one measured start; False (ignored) when it is not a finite, non-negative time."""
+    def _model(self, model: str | None) -> RestartCosts | None:
+        if model is None:
+            return None
+        own = self.models.get(model)
+        if own is None:
+            while len(self.models) >= MAX_RESTART_MODELS:  # the oldest model's figures go first
+                del self.models[next(iter(self.models))]
+            own = self.models[model] = RestartCosts(self.start_s, self.stop_s, self.weight)
+        return own
+
+    def for_model(self, model: str | None) -> tuple[float, float]:
+        """(start_s, stop_s) HAS is told for a job of ``model``: its own where measured."""
+        own = self.models.get(model) if model is not None else None
+        if own is None:
+            return self.start_s, self.stop_s
+        return (own.start_s if own.starts else self.start_s), (own.stop_s if own.stops else self.stop_s)
+
+    def observe_start(self, seconds: float, model: str | None = None) -> bool:
+        """Fold in one measured start (of a job of ``model``); False (ignored) when it is not a
+        finite, non-negative time."""
         if not math.isfinite(seconds) or seconds < 0:
             return False
+        if (own := self._model(model)) is not None:
+            own.observe_start(seconds)
         self.start_s += self.weight * (seconds - self.start_s)
         self.starts += 1
         return True
 
-    def observe_stop(self, seconds: float) -> bool:
-        """Fold in one measured stop; False (ignored) when it is not a finite, non-negative time."""
+    def observe_stop(self, seconds: float, model: str | None = None) -> bool:
+        """Fold in one measured stop (of a job of ``model``); False (ignored) when it is not a
+        finite, non-negative time."""
         if not math.isfinite(seconds) or seconds < 0:
             return False
+        if (own := self._model(model)) is not None:
+            own.observe_stop(seconds)
         self.stop_s += self.weight * (seconds - self.stop_s)
         self.stops += 1
         return True
 
     def to_dict(self) -> dict[str, Any]:
         """The status/metrics view: the estimates and how many measurements they hold."""
-        return {"restart_s": round(self.restart_s, 3), "start_s": round(self.start_s, 3),
-                "stop_s": round(self.stop_s, 3), "starts_measured": self.starts, "stops_measured": self.stops}
+        out: dict[str, Any] = {
+            "restart_s": round(self.restart_s, 3), "start_s": round(self.start_s, 3),
+            "stop_s": round(self.stop_s, 3), "starts_measured": self.starts, "stops_measured": self.stops}
+        if self.models:
+            out["models"] = {m: {k: v for k, v in own.to_dict().items() if k != "models"}
+                             for m, own in sorted(self.models.items())}
+        return out
+
+
+MAX_RESTART_MODELS = 64
+"""Models whose restart costs a coordinator keeps apart (the rest use the pool's)."""
+
+
+def restart_key(spec: JobSpec) -> str | None:
+    """What a job's restart cost is kept under: its model (preset name, or the config's hash), a
+    stand-in apart from the real model; None for a job without a model (HAS never moves it)."""
+    if spec.model is not None:
+        key = str(spec.model)
+    elif spec.model_config is not None:
+        blob = json.dumps(spec.model_config, sort_keys=True, default=str).encode()
+        key = f"config:{hashlib.sha256(blob).hexdigest()[:12]}"
+    else:
+        return None
+    return f"{key} (stand-in)" if spec.stand_in else key
 
 
 @dataclass(frozen=True, slots=True)
@@ -647,8 +700,9 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
         params = max(1, (spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
     model_speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
-    speed = PoolSpeed(params=params, flops_per_step=model_speed.flops_per_step,
-                      restart_s=model_speed.restart_cost_s if restart is None else restart.start_s)
+    start_s, stop_s = (model_speed.restart_cost_s, 0.0) if restart is None else restart.for_model(
+        restart_key(spec))
+    speed = PoolSpeed(params=params, flops_per_step=model_speed.flops_per_step, restart_s=start_s)
     memo = isinstance(cands, tuple) and not spec.stand_in  # a stand-in's times depend on the GPUs
     hit = _HAS_PLANS.get(id(cands)) if memo else None
     if hit is not None and hit[0] is cands:
@@ -670,8 +724,7 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
             while len(_HAS_PLANS) > 4096:
                 del _HAS_PLANS[next(iter(_HAS_PLANS))]
     view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=has_plans,
-                   speed=speed, total_steps=1.0, remaining_steps=1.0,
-                   stop_cost_s=0.0 if restart is None else restart.stop_s)
+                   speed=speed, total_steps=1.0, remaining_steps=1.0, stop_cost_s=stop_s)
     return view, list(cands)
 
 
