@@ -53,6 +53,7 @@ from frenzyd.marp.plans import (
     feasible_plans,
     job_shape,
     overhead_raise,
+    plan_counts,
     plan_order,
 )
 from frenzyd.marp.spec import GpuPool, ModelSpec, Plan, TrainingSetup
@@ -123,7 +124,8 @@ class CacheStats:
     misses: int
     """Per-type answers computed (no entry held the budget), or extended past a cached bound."""
     counts_computed: int
-    """GPU counts enumerated (``plans.count_plan`` calls): the work done."""
+    """GPU counts enumerated (each count resolved: ``plans.count_plan`` called, or no dp x tp x pp shape
+    of it exists, ``plans.plan_counts``): the work done."""
     job_shapes: int
     """Job shapes held now."""
 
@@ -294,7 +296,7 @@ class PlanCache:
         rec = Budget(budget)
         first = 1 if found is None else found.bound + 1
         new = []
-        for gpus in range(first, limit + 1):
+        for gpus in plan_counts(model, job, per_node, first, limit):
             p = count_plan(model, job, pool, gpus, rec, constants=constants, extra=extra,
                            trainer_only=trainer_only, memo=memo)
             if p is not None:

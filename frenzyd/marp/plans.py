@@ -21,6 +21,7 @@ Pure and deterministic: the same inputs give the same list.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Sequence
@@ -150,6 +151,36 @@ def _shapes(model: ModelSpec, gpus: int, per_node: int, global_batch: int) -> li
                 continue
             out.append(_Shape(dp, tp, pp))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _counts_upto(layout: tuple[int, int, int, int], per_node: int, global_batch: int, last: int
+                 ) -> tuple[int, ...]:
+    """Every GPU count up to ``last`` that factors as dp x tp x pp as ``_shapes`` allows, ascending
+    (``layout``: the model's layers, heads, kv heads and ffn width)."""
+    layers, heads, kv_heads, ffn = layout
+    out: set[int] = set()
+    for tp in range(1, min(per_node, last) + 1):
+        if heads % tp or kv_heads % tp or ffn % tp:
+            continue
+        for pp in _divisors(layers, last // tp):
+            for dp in _divisors(global_batch, last // (tp * pp)):
+                out.add(dp * tp * pp)
+    return tuple(sorted(out))
+
+
+def plan_counts(
+    model: ModelSpec, job: TrainingSetup, per_node: int, first: int, last: int
+) -> tuple[int, ...]:
+    """The GPU counts in ``[first, last]`` that have a dp x tp x pp shape at all (``_shapes`` is empty
+    for every other count, so ``count_plan`` is None there without comparing any byte count): an
+    enumeration over a pool of a thousand GPUs of a type visits the few dozen counts that can hold a
+    plan, not all thousand."""
+    if last < max(1, first):
+        return ()
+    counts = _counts_upto((model.layers, model.heads, model.kv_heads, model.ffn), per_node,
+                          job.effective_global_batch, last)
+    return counts[bisect.bisect_left(counts, first):]
 
 
 _Variant = tuple[int, int, int, int, int]
@@ -375,7 +406,7 @@ def feasible_plans(
         limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
         budget = Budget(pool.memory_bytes / (1.0 + headroom))
         extra = overhead_raise(calibration, pool.gpu_type, model, torch_version)
-        for gpus in range(1, limit + 1):
+        for gpus in plan_counts(model, job, pool.gpus_per_node or pool.count, 1, limit):
             best = count_plan(model, job, pool, gpus, budget, constants=constants, extra=extra,
                               trainer_only=trainer_only, memo=memo)
             if best is not None:
