@@ -74,6 +74,10 @@ class Pool:
         self.torch_version = "2.13.0"
         self.min_run_s = 120.0
         """``jobs.min_run_s`` of every node (a test of live preemption shrinks it)."""
+        self.term_grace_s = 2.0
+        """The launchers' SIGTERM-to-SIGKILL grace (the ranks get at most half the lease of it)."""
+        self.lease_s = LEASE_S
+        """Every node's lease (and ``lease_timeout_s``)."""
         self.restart_s: tuple[float, float] | None = None
         """(start, stop) seconds every coordinator tells HAS a re-placement costs, pinned (no learning);
         None: each measures its own from the defaults (``RestartCosts``)."""
@@ -101,7 +105,7 @@ class Pool:
     def add(self, nid: str, gpus: int, gpu_type: str = "T4", torch: str | None = None) -> Node:
         data = self.tmp / nid
         data.mkdir(parents=True, exist_ok=True)
-        launcher = Launcher(data, term_grace_s=2.0, lease_s=LEASE_S)
+        launcher = Launcher(data, term_grace_s=self.term_grace_s, lease_s=self.lease_s)
         decl = [{"uuid": f"SIM-{nid}-{i}", "index": i, "type": gpu_type, "memory_bytes": 16 * GIB,
                  "free_bytes": 16 * GIB, "simulated": True, "offered": True} for i in range(gpus)]
         orch = Orchestrator(
@@ -110,7 +114,7 @@ class Pool:
             gpus=lambda: decl,
             launcher=launcher, rank_spec=RankSpec, pack_dir=launcher_mod.pack_dir, unpack=launcher_mod.unpack,
             collect_results=launcher_mod.collect_results,
-            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=LEASE_S,
+            versions=Versions(PY, torch or self.torch_version), heartbeat_s=0.2, lease_timeout_s=self.lease_s,
             unplaceable_after_s=UNPLACEABLE_S, min_run_s=self.min_run_s,
         )
         if self.restart_s is not None:

@@ -98,6 +98,37 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     await asyncio.sleep(0.5)
 
 
+async def test_a_preempted_job_resumes_from_the_checkpoint_its_stop_wrote(pool: Pool, tmp_path: Path) -> None:
+    """No periodic checkpoint comes before the stop (every 10,000 steps) and the grace is long enough
+    to write one: the preempted job resumes at exactly the step after its last one.  So the SIGTERM
+    checkpoint was written, copied to the submitter and loaded by the next attempt: no step lost,
+    none repeated.  (The other tests' 2 s grace often ends in SIGKILL on a loaded machine.)"""
+    pool.min_run_s = 2.0
+    pool.term_grace_s = 60.0
+    pool.lease_s = 120.0  # the ranks get at most half the lease as their grace
+    pool.add("a", 0)
+    pool.add("b", 1)
+    c = pool.add("c", 0)
+    pool.coordinator = "a"
+    pool.start()
+    long = await c.orch.submit(trainer_request(tmp_path, "long", steps=100_000, checkpoint_every=10_000))
+    await wait_state(c, long.id, {"running"})
+    await eventually(lambda: any(s >= 3 for _, s in steps_of(c, long.id)), limit=120)
+    short = await c.orch.submit(trainer_request(tmp_path, "short", steps=4, checkpoint_every=10_000))
+    done = await wait_state(c, short.id, {"succeeded", "failed"}, limit=180)
+    assert done["state"] == "succeeded", done
+    await eventually(lambda: any(a >= 2 for a, _ in steps_of(c, long.id)), limit=120)
+    rec = c.orch.store.get(long.id)
+    assert rec.lost == 0
+    steps = steps_of(c, long.id)
+    stopped_at = max(s for a, s in steps if a == 1)
+    resumed_at = min(s for a, s in steps if a >= 2)
+    assert stopped_at >= 3
+    assert resumed_at == stopped_at + 1, (stopped_at, resumed_at)
+    await c.orch.submitter.cancel(long.id)
+    await asyncio.sleep(0.5)
+
+
 async def test_a_job_whose_gpu_owner_returns_resumes_on_another_node_from_its_submitters_checkpoint(
     pool: Pool, tmp_path: Path
 ) -> None:
