@@ -549,6 +549,9 @@ async def _swim_cell(n: int, *, delay_s: float, loss: float, steady_s: float, de
         "members": n, "delay_ms": delay_s * 1e3, "loss": loss, "period_s": params.period_s,
         "ack_timeout_s": params.ack_timeout_s, "indirect_k": params.indirect_k,
         "suspicion_timeout_s": members[0].driver.core.suspicion_timeout(),
+        "suspicion_max_s": members[0].driver.core.suspicion_timeout(0),
+        "suspicion_k": params.suspicion_k,
+        "confirmations": sum(m.driver.core.counters["confirmations"] for m in members),
         "build_s": round(build_s, 2), "steady_s": round(wall, 2),
         "msgs_per_member_s": frames / n / wall, "bytes_per_member_s": sent_bytes / n / wall,
         "harness_cpu_per_member_ms_s": cpu / n / wall * 1e3, "harness_cpu_share": cpu / wall,
@@ -655,6 +658,11 @@ def _conf_class(base: type[Any], mode: str) -> type[Any]:
     return Conf
 
 
+def _census(sts: Sequence[dict[str, Any] | None]) -> list[int | None]:
+    """Per daemon: how many members its status lists alive (itself included), None without an answer."""
+    return [None if s is None else sum(1 for p in s["peers"] if p.get("alive")) for s in sts]
+
+
 def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, limit_s: float,
                 work: Path) -> list[dict[str, Any]]:
     """For each membership mode and pool size: ``n`` frenzyd in their own network namespaces on one
@@ -695,14 +703,34 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                     for d in daemons:
                         d.start()
                     full_s = coord = None
+                    timeline: list[dict[str, Any]] = []
+                    answered_at: list[float | None] = [None] * n
+                    full_at: list[float | None] = [None] * n
                     while time.monotonic() - t0 < limit_s:
-                        coord = _agreed(asyncio.run(_statuses(socks)), n)
+                        sts = asyncio.run(_statuses(socks))
+                        now = round(time.monotonic() - t0, 1)
+                        census = _census(sts)
+                        for i, c in enumerate(census):
+                            if c is not None and answered_at[i] is None:
+                                answered_at[i] = now
+                            if c == n and full_at[i] is None:
+                                full_at[i] = now
+                        seen = [c for c in census if c is not None]
+                        timeline.append({"t": now, "answering": len(seen),
+                                         "alive_min": min(seen, default=None),
+                                         "alive_median": statistics.median(seen) if seen else None,
+                                         "full": sum(1 for c in seen if c == n)})
+                        coord = _agreed(sts, n)
                         if coord is not None:
                             full_s = time.monotonic() - t0
                             break
                         time.sleep(0.5)
-                    row: dict[str, Any] = {"mode": mode, "members": n, "full_membership_s": full_s}
+                    row: dict[str, Any] = {"mode": mode, "members": n, "full_membership_s": full_s,
+                                           "first_answer_s": answered_at, "first_full_view_s": full_at,
+                                           "timeline": timeline[:: max(1, len(timeline) // 60)]}
                     if full_s is None:
+                        last = timeline[-1] if timeline else {}
+                        row["at_limit"] = last
                         rows.append(row)
                         print(f"{mode:>6}{n:>8}{'-':>8}  (no full membership within {limit_s:.0f}s)",
                               flush=True)
@@ -813,6 +841,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window-s", type=float, default=30.0, help="--part daemons: CPU and bytes window")
     ap.add_argument("--limit-s", type=float, default=300.0,
                     help="--part daemons: give up on full membership or a failover after this")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="--part daemons: run in this directory and keep it (each daemon's log and config)")
     ap.add_argument("--swim-members", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
                     help="membership pool sizes (default 100,300,1000; tiny 20)")
     ap.add_argument("--swim-steady-s", type=float, default=None, help="seconds of steady traffic measured "
@@ -870,9 +900,14 @@ def main(argv: list[str]) -> int:
 
         if set(args.modes) - {"mesh", "swim"} or min(args.daemons) < 2:
             ap.error("--modes takes mesh and/or swim; --daemons sizes are at least 2")
-        with tempfile.TemporaryDirectory(prefix="frenzy-scale-") as tmp:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
             daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
-                                  work=Path(tmp))
+                                  work=args.keep)
+        else:
+            with tempfile.TemporaryDirectory(prefix="frenzy-scale-") as tmp:
+                daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
+                                      work=Path(tmp))
     big = next((r for r in swim if r["members"] == 1000), None)
     target = next((c for c in cells if (c["members"], c["gpus"], c["queued"]) == (1000, 4000, 500)), None)
     doc = {

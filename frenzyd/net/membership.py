@@ -4,9 +4,16 @@ Each ``period_s`` a member probes one other member (a shuffled round-robin over 
 knows): a ``swim.ping`` it must answer with a ``swim.ack`` within ``ack_timeout_s``; failing that,
 ``indirect_k`` other members are asked to probe it (``swim.ping_req``) and forward its ack.  A member
 no one could reach by the end of the period is *suspect*; a suspect that does not refute it within
-the suspicion timeout (``suspicion_mult`` x log10(n + 1) x ``period_s``, at least ``suspicion_min_s``)
-is declared *dead*.  Every member that hears a suspicion starts its own timer, so the declaration
-does not wait for the suspecter's word to spread.
+the suspicion timeout is declared *dead*.  Every member that hears a suspicion starts its own timer,
+so the declaration does not wait for the suspecter's word to spread.
+
+The timeout is Lifeguard's (Dadgar, Phillips, Currey 2018, section IV-B): it starts at
+``max = suspicion_max_mult x min`` and shrinks towards ``min`` (``suspicion_mult`` x log10(n + 1) x
+``period_s``, at least ``suspicion_min_s``) as independent confirmations arrive -- suspect entries
+whose ``by`` names another member whose own probe failed -- reaching ``min`` at ``suspicion_k`` of
+them: ``max - (max - min) x log(C + 1) / log(k + 1)``.  A member one slow prober suspects has the
+long timeout to refute; one that many cannot reach is declared dead after ``min``.  A new
+confirmation is gossiped on (at most ``k`` per suspicion), so the others' timers shrink too.
 
 States are ordered by incarnation, then ``alive < suspect < dead``; only a member itself raises its
 incarnation, to refute a suspicion (or an old death) about itself, or to say that its election view
@@ -64,6 +71,12 @@ class Params:
     """Members asked to probe a target that did not answer."""
     suspicion_mult: float = 3.0
     suspicion_min_s: float = 2.0
+    """The timeout's floor (Lifeguard's ``min``, reached at ``suspicion_k`` confirmations)."""
+    suspicion_max_mult: float = 6.0
+    """Lifeguard's ``max`` = this x ``min``: the timeout of a suspicion nobody else confirms."""
+    suspicion_k: int = 3
+    """Independent confirmations (suspecters other than the first) that bring the timeout to ``min``;
+    fewer when the pool has fewer other members to confirm (n - 2)."""
     retransmit_mult: int = 4
     max_piggyback: int = 8
     """Membership changes carried by one message."""
@@ -86,6 +99,8 @@ class Params:
             raise ValueError("membership: indirect_k >= 0, max_piggyback >= 1, retransmit_mult >= 1")
         if self.suspicion_min_s <= 0 or self.suspicion_mult <= 0:
             raise ValueError("membership: suspicion_min_s and suspicion_mult must be > 0")
+        if self.suspicion_max_mult < 1 or self.suspicion_k < 0:
+            raise ValueError("membership: suspicion_max_mult must be >= 1 and suspicion_k >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +119,35 @@ class _Probe:
     started: float
     indirect_at: float | None = None
     acked: bool = False
+
+
+@dataclass(slots=True)
+class _Suspicion:
+    """One suspicion this node's timer runs (Lifeguard): when it started, its bounds, and who suspects."""
+
+    incarnation: int
+    started: float
+    min_s: float
+    max_s: float
+    k: int
+    suspecters: set[str]
+    """The first suspecter and every independent confirmation since."""
+
+    def timeout(self) -> float:
+        c = len(self.suspecters) - 1  # confirmations: suspecters other than the first
+        if self.k < 1 or c >= self.k:
+            return self.min_s
+        frac = math.log(c + 1) / math.log(self.k + 1)
+        return max(self.min_s, self.max_s - (self.max_s - self.min_s) * frac)
+
+    def deadline(self) -> float:
+        return self.started + self.timeout()
+
+
+def suspicion_bounds(params: Params, n: int) -> tuple[float, float, int]:
+    """Lifeguard's ``(min, max, k)`` for a pool of ``n`` live members (this node included)."""
+    lo = max(params.suspicion_min_s, params.suspicion_mult * math.log10(n + 1) * params.period_s)
+    return lo, params.suspicion_max_mult * lo, max(0, min(params.suspicion_k, n - 2))
 
 
 @dataclass(slots=True)
@@ -154,7 +198,7 @@ class Membership:
         self._members: dict[str, MemberEntry] = {}
         self._live_count = 0
         self._dead_at: dict[str, float] = {}
-        self._suspect_until: dict[str, float] = {}
+        self._suspicions: dict[str, _Suspicion] = {}
         self._queue: dict[str, _Queued] = {}
         self._order: list[str] = []
         self._next_probe: float | None = None  # the first tick picks a random phase in the period
@@ -205,9 +249,23 @@ class Membership:
         out, self.changes = self.changes, []
         return out
 
-    def suspicion_timeout(self) -> float:
-        p = self.params
-        return max(p.suspicion_min_s, p.suspicion_mult * math.log10(self.size() + 1) * p.period_s)
+    def suspicion_timeout(self, confirmations: int | None = None) -> float:
+        """The timeout of a suspicion starting now with ``confirmations`` independent confirmations
+        (None: fully confirmed, Lifeguard's ``min``)."""
+        lo, hi, k = suspicion_bounds(self.params, self.size())
+        if confirmations is None:
+            return lo
+        return _Suspicion(0, 0.0, lo, hi, k, {str(i) for i in range(confirmations + 1)}).timeout()
+
+    def suspecters(self, node_id: str) -> set[str]:
+        """Who this node counts as suspecting ``node_id`` now (empty when it is not suspect)."""
+        s = self._suspicions.get(node_id)
+        return set() if s is None else set(s.suspecters)
+
+    def suspicion_deadline(self, node_id: str) -> float | None:
+        """When this node will declare ``node_id`` dead unless it refutes (None: not suspect)."""
+        s = self._suspicions.get(node_id)
+        return None if s is None else s.deadline()
 
     def _ack_timeout(self) -> float:
         return self.params.ack_timeout_s * (1 + self.health)
@@ -222,8 +280,8 @@ class Membership:
         times = [self._next_probe]
         if self._probe is not None and not self._probe.acked and self._probe.indirect_at is None:
             times.append(self._probe.started + self._ack_timeout())
-        if self._suspect_until:
-            times.append(min(self._suspect_until.values()))
+        if self._suspicions:
+            times.append(min(s.deadline() for s in self._suspicions.values()))
         return min(times)
 
     # --- this node's own entry ---------------------------------------------------------------
@@ -310,8 +368,8 @@ class Membership:
                 self._expire(now)
                 out.extend(self._seed_syncs(now))
                 out.extend(self._anti_entropy(now))
-        for node_id, until in list(self._suspect_until.items()):
-            if now >= until:
+        for node_id, s in list(self._suspicions.items()):
+            if now >= s.deadline():
                 self._declare_dead(node_id, now)
         return out
 
@@ -375,6 +433,9 @@ class Membership:
                 return True
             return False
         old = self._members.get(entry.node_id)
+        if old is not None and old.state == SUSPECT and entry.state == SUSPECT \
+                and entry.incarnation == old.incarnation:
+            return self._confirm(entry, gossip=gossip)
         if old is not None and not _beats(entry, old):
             return False  # older news, or the same incarnation again (the first word stands)
         if old is None and entry.state >= DEAD:
@@ -389,9 +450,10 @@ class Membership:
             self.changes.append(entry)
         if entry.state == SUSPECT:
             self.counters["suspicions"] += 1
-            self._suspect_until.setdefault(entry.node_id, now + self.suspicion_timeout())
+            lo, hi, k = suspicion_bounds(self.params, self.size())
+            self._suspicions[entry.node_id] = _Suspicion(entry.incarnation, now, lo, hi, k, {entry.by or ""})
         else:
-            self._suspect_until.pop(entry.node_id, None)
+            self._suspicions.pop(entry.node_id, None)
             if entry.state >= DEAD and (old is None or old.state <= SUSPECT):
                 self.counters["deaths"] += 1
         if entry.state <= SUSPECT and entry.node_id not in self._order:
@@ -401,21 +463,47 @@ class Membership:
             self._enqueue(entry)
         return True
 
+    def _confirm(self, entry: MemberEntry, *, gossip: bool) -> bool:
+        """A suspect entry at the incarnation this node already suspects: a confirmation when its
+        ``by`` is a suspecter not counted yet (and fewer than ``k`` are); gossiped on when new."""
+        s = self._suspicions.get(entry.node_id)
+        if s is None or entry.by is None or entry.by in s.suspecters or s.incarnation != entry.incarnation \
+                or len(s.suspecters) - 1 >= s.k:
+            return False
+        s.suspecters.add(entry.by)
+        self.counters["confirmations"] += 1
+        if gossip:
+            self._enqueue(entry)
+        return True
+
     def _suspect(self, node_id: str, now: float) -> MemberEntry | None:
+        """This node's own evidence that ``node_id`` does not answer: a new suspicion, or a confirmation
+        of one it holds.  Returns the entry to tell the member (None when nothing changed)."""
         cur = self._members.get(node_id)
-        if cur is None or cur.state != ALIVE:
+        if cur is None or cur.state > SUSPECT:
             return None
+        entry = replace(cur, state=SUSPECT, by=self._me.node_id)
+        if cur.state == SUSPECT:
+            if not self._confirm(entry, gossip=True):
+                return None
+        else:
+            self.merge(entry, now)
         self.counters["suspected"] += 1
-        entry = replace(cur, state=SUSPECT)
-        self.merge(entry, now)
         return entry
 
+    def unreachable(self, node_id: str, now: float) -> list[Outgoing]:
+        """The driver could not reach live member ``node_id`` by other means (the daemon's heartbeat to
+        it failed): first-hand evidence, like a failed probe.  Suspects it or confirms the suspicion;
+        returns the ping that tells the member (so a live one refutes at once)."""
+        entry = self._suspect(node_id, now)
+        return [] if entry is None else [self._ping_to(node_id, updates=(entry,))]
+
     def _declare_dead(self, node_id: str, now: float) -> None:
-        self._suspect_until.pop(node_id, None)
+        self._suspicions.pop(node_id, None)
         cur = self._members.get(node_id)
         if cur is None or cur.state != SUSPECT:
             return
-        self.merge(replace(cur, state=DEAD), now)
+        self.merge(replace(cur, state=DEAD, by=None), now)
 
     def _expire(self, now: float) -> None:
         keep = self.params.forget_dead_s

@@ -249,7 +249,10 @@ class MemberEntry:
     """What gossip says about one member: who it is, where, its election view, and its state at an
     incarnation (only the member itself raises its incarnation: to refute a suspicion or to say its
     view changed).  On the wire a list ``[node_id, name, address, priority, incarnation, state,
-    term, coordinator]``, ``state`` a code of :data:`MEMBER_STATES`."""
+    term, coordinator]``, ``state`` a code of :data:`MEMBER_STATES`; a suspect entry adds a ninth,
+    ``by``, the member whose own probe failed (Lifeguard counts independent suspecters).  ``by`` is
+    left out of equality: it says who noticed, not what the member's state is.  A decoder that
+    knows eight fields ignores the ninth."""
 
     node_id: str
     name: str
@@ -259,14 +262,16 @@ class MemberEntry:
     state: int
     term: int
     coordinator: str | None = None
+    by: str | None = field(default=None, compare=False)
 
     @property
     def state_name(self) -> str:
         return MEMBER_STATES[self.state]
 
     def to_wire(self) -> list[Any]:
-        return [self.node_id, self.name, self.address, self.priority, self.incarnation, self.state,
-                self.term, self.coordinator]
+        out = [self.node_id, self.name, self.address, self.priority, self.incarnation, self.state,
+               self.term, self.coordinator]
+        return out if self.by is None else [*out, self.by]
 
     @classmethod
     def from_wire(cls, value: object) -> Self:
@@ -286,6 +291,7 @@ class MemberEntry:
             state=_int("state", state, len(MEMBER_STATES) - 1),
             term=_int("term", term, MAX_SEQ),
             coordinator=_opt_text("coordinator", coordinator),
+            by=_opt_text("by", value[8]) if len(value) > 8 else None,
         )
 
 
