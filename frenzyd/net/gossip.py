@@ -73,6 +73,12 @@ class GossipDriver:
             self._emit(self.core.join(addresses, self._clock()))
             self._schedule()
 
+    def unreachable(self, node_id: str) -> None:
+        """The node's other traffic found member ``node_id`` not listening: suspect it (or confirm)."""
+        if self.running:
+            self._emit(self.core.unreachable(node_id, self._clock()))
+            self._schedule()
+
     def set_view(self, *, term: int, coordinator: str | None) -> None:
         """This node's election view changed: gossip it (a new incarnation of its entry)."""
         if self.core.set_view(term=term, coordinator=coordinator):

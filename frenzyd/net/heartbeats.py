@@ -79,6 +79,9 @@ class Heartbeats:
         """Set by the membership layer: the nodes to heartbeat, given this node's report (None: all)."""
         self.view_listeners: list[Callable[[Change], None]] = []
         """Told of every election change before ``on_change`` (the membership layer gossips the view)."""
+        self.unreachable_listeners: list[Callable[[str], None]] = []
+        """Told the node id of a known peer whose heartbeat found nothing listening (connection refused
+        or reset: the process is gone; a timeout is not told).  The membership layer suspects it."""
         self.rounds = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._was_live: set[str] = set()
@@ -237,7 +240,16 @@ class Heartbeats:
             if rec is not None and rec.address:
                 self.book.add(rec.address, "member")
         known = self.book.addresses()
-        return [a for a in self.book.due(now) if known.get(a) is None or known[a] in wanted]
+        # An address no heartbeat has answered yet is dialled to learn its node, unless the membership
+        # protocol already knows a member there (mDNS finds every member: at start that would be a
+        # heartbeat from each member to each other, the mesh's n^2 on a pool that just formed).
+        members_at = {r.address: r.node_id for r in self.table.records() if r.member}
+        due = []
+        for a in self.book.due(now):
+            who = known.get(a) or members_at.get(a)
+            if who is None or who in wanted:
+                due.append(a)
+        return due
 
     async def _beat(self, address: str, frame: bytes) -> None:
         timeout_s = self.config.timing.request_timeout_s
@@ -246,6 +258,10 @@ class Heartbeats:
         except PeerError as exc:
             self.book.failed(address, self._clock())
             log.debug("heartbeat to %s failed: %s", address, exc)
+            node_id = self.book.addresses().get(address)
+            if node_id is not None and exc.reason in ("unreachable", "refused"):
+                for listener in self.unreachable_listeners:
+                    listener(node_id)
             return
         if peer_id == self.creds.node_id:
             self.book.succeeded(address, peer_id, is_self=True)

@@ -45,13 +45,22 @@ MIN_PERIOD_S = 0.25
 """A probe and its ack are two TLS requests: a shorter period suspects live members of a loaded host."""
 
 
+JOIN_DELAY_PERIODS = (1.0, 3.0)
+"""An address mDNS finds while this node already has members is joined after a random 1-3 periods,
+and only if gossip has not brought its member by then."""
+JOINS_PER_FLUSH = 4
+"""Delayed joins sent at once; the rest wait for the next flush."""
+
+
 def swim_params(t: TimingSection) -> Params:
     """The protocol's timing from ``[timing]``: one probe per ``heartbeat_s`` (at least
-    :data:`MIN_PERIOD_S`), 60 % of it for the direct ack, and a suspicion that lasts at least
-    ``peer_timeout_s`` (the mesh's own verdict time) and four periods."""
+    :data:`MIN_PERIOD_S`), 60 % of it for the direct ack.  Lifeguard's suspicion timeout: at least
+    0.75 x ``peer_timeout_s`` and three periods (2 x log10(n + 1) periods past that) once three other
+    members confirm the suspicion, six times that while nobody does (the mesh declares a peer gone
+    after ``peer_timeout_s`` on one observer's word)."""
     period = max(MIN_PERIOD_S, t.heartbeat_s)
-    return Params(period_s=period, ack_timeout_s=0.6 * period,
-                  suspicion_min_s=max(t.peer_timeout_s, 4 * period))
+    return Params(period_s=period, ack_timeout_s=0.6 * period, suspicion_mult=2.0,
+                  suspicion_min_s=max(0.75 * t.peer_timeout_s, 3 * period))
 
 
 def partners(report: HeartbeatReport) -> set[str]:
@@ -96,10 +105,15 @@ class Members:
         self.driver: GossipDriver | None = None
         self._in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, str | None] = {}
+        """Addresses mDNS found, waiting to be joined: address -> the node id its hints name."""
+        self._flush: asyncio.TimerHandle | None = None
+        self._rng = random.Random()
         for kind in SWIM_KINDS:
             dispatch.on(kind, self._handle)
         heartbeats.targets = self.targets
         heartbeats.view_listeners.append(self._view_changed)
+        heartbeats.unreachable_listeners.append(self._unreachable)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -117,6 +131,9 @@ class Members:
         """Tell a few members this node leaves, give those posts a moment, cancel the rest."""
         if self.driver is not None:
             self.driver.stop(leave=True)
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=min(1.0, self.params.period_s))
         for task in list(self._tasks):
@@ -125,15 +142,51 @@ class Members:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def found(self, address: str, hints: Mapping[str, str] | None) -> None:
-        """An address discovery found: join through it unless it is ours, another pool's or a member's."""
+        """An address discovery found: join through it unless it is ours, another pool's or a member's.
+
+        Only a node with no live member yet joins at once.  Otherwise the join waits a random
+        :data:`JOIN_DELAY_PERIODS` and is dropped if gossip brought the member meanwhile: when a pool
+        starts together every member finds every other by mDNS, and joining each would be a full-state
+        sync from each member to each other (n^2 at start); one sync and gossip do the same."""
         if self.driver is None or address == self.transport.address:
             return
         if hints and (hints.get("id") == self.creds.node_id or
                       (hints.get("pool") and hints.get("pool") != self.creds.pool_id)):
             return
-        if hints and hints.get("id") and self.driver.core.is_live(hints["id"]):
+        node_id = hints.get("id") if hints else None
+        if node_id and self.driver.core.is_live(node_id):
             return
-        self.driver.join([address])
+        if not self.driver.core.live():
+            self.driver.join([address])
+            return
+        self._pending[address] = node_id
+        if self._flush is None:
+            lo, hi = JOIN_DELAY_PERIODS
+            delay = self._rng.uniform(lo, hi) * self.params.period_s
+            self._flush = asyncio.get_running_loop().call_later(delay, self._join_pending)
+
+    def _join_pending(self) -> None:
+        self._flush = None
+        if self.driver is None or not self.driver.running:
+            return
+        core = self.driver.core
+        live_at = {e.address for e in core.entries() if core.is_live(e.node_id)}
+        for address, node_id in list(self._pending.items()):
+            if (node_id and core.is_live(node_id)) or address in live_at:
+                del self._pending[address]  # gossip brought it
+        due = list(self._pending)[:JOINS_PER_FLUSH]
+        for address in due:
+            del self._pending[address]
+        if due:
+            self.driver.join(due)
+        if self._pending:
+            lo, hi = JOIN_DELAY_PERIODS
+            delay = self._rng.uniform(lo, hi) * self.params.period_s
+            self._flush = asyncio.get_running_loop().call_later(delay, self._join_pending)
+
+    def _unreachable(self, node_id: str) -> None:
+        if self.driver is not None and self.driver.core.is_live(node_id):
+            self.driver.unreachable(node_id)
 
     # --- what the protocol feeds -------------------------------------------------------------
 
