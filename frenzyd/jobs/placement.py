@@ -320,20 +320,26 @@ def marp_plans(
     built-in trainer job only the plans the trainer runs (``frenzyd.marp.combos``).  The same tuple
     object for the same answer (its conversion is kept by the answer's identity: cached answers
     are shared objects)."""
-    from frenzyd.marp.plan_cache import cached_plans
-    from frenzyd.marp.spec import TrainingSetup
+    answer = _marp_answer(spec, offers, headroom=headroom, only_available=only_available, compute=True)
+    assert answer is not None
+    return answer
+
+
+def _marp_answer(
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool, compute: bool
+) -> tuple[JobPlan, ...] | None:
+    """:func:`marp_plans`; with ``compute=False``, None when the plan cache cannot answer without
+    enumerating plans (``PlanCache.plans``' ``compute``)."""
+    from frenzyd.marp.plan_cache import default_cache
 
     model = job_model(spec)
-    assert spec.seq_len is not None
-    setup = TrainingSetup(
-        seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
-        global_batch=spec.global_batch, optimizer=spec.optimizer,  # type: ignore[arg-type]
-        recompute=spec.recompute, zero=spec.zero,  # type: ignore[arg-type]
-    )
     pools = _pools_of(offers, only_available)
     if not pools:
         return ()
-    answer = cached_plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
+    answer = default_cache().plans(model, _marp_setup(spec), pools, headroom=headroom,
+                                   trainer_only=spec.trainer, compute=compute)
+    if answer is None:
+        return None
     hit = _CONVERTED.get(id(answer))
     if hit is not None and hit[0] is answer:
         return hit[1]
@@ -349,6 +355,40 @@ def marp_plans(
     return out
 
 
+def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = DEFAULT_HEADROOM) -> bool:
+    """Enumerate (into the process's plan cache) the MARP plans a pass will ask for ``spec`` over
+    ``offers``: what the coordinator runs off its event loop and off the pass when it admits a job,
+    so a pass finds them cached (``schedule``'s ``plan_inline=False``).  True when something was
+    computed; False when it was cached already, or the job has no model (nothing to plan).
+    ``FrenzyError`` for a job MARP cannot plan (an unknown model, an impossible shape): the pass
+    reports it as it does now.  Touches only the plan cache (safe beside a pass in another thread)."""
+    from frenzyd.marp.plan_cache import default_cache
+
+    if not _is_model(spec):
+        return False
+    matching = [p for p in offers if versions_match(spec, p)]
+    pools = _compute_pools(matching, only_available=False)
+    if not pools:
+        return False
+    cache, model, setup = default_cache(), job_model(spec), _marp_setup(spec)
+    if cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer,
+                   compute=False) is not None:
+        return False
+    cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
+    return True
+
+
+def _marp_setup(spec: JobSpec) -> Any:
+    from frenzyd.marp.spec import TrainingSetup
+
+    assert spec.seq_len is not None
+    return TrainingSetup(
+        seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.dtype,  # type: ignore[arg-type]
+        global_batch=spec.global_batch, optimizer=spec.optimizer,  # type: ignore[arg-type]
+        recompute=spec.recompute, zero=spec.zero,  # type: ignore[arg-type]
+    )
+
+
 _CONVERTED: dict[int, tuple[Any, tuple[JobPlan, ...]]] = {}
 _HAS_PLANS: dict[int, tuple[Any, tuple[Plan, ...]]] = {}
 _POOLS: dict[bool, tuple[Sequence[PeerOffer], list[Any]]] = {}
@@ -356,11 +396,17 @@ _POOLS: dict[bool, tuple[Sequence[PeerOffer], list[Any]]] = {}
 
 def _pools_of(offers: Sequence[PeerOffer], only_available: bool) -> list[Any]:
     """Per GPU type: count, smallest memory, most on one peer (kept for the last offers list seen)."""
-    from frenzyd.marp.spec import GpuPool
-
     hit = _POOLS.get(only_available)
     if hit is not None and hit[0] is offers:
         return hit[1]
+    pools = _compute_pools(offers, only_available=only_available)
+    _POOLS[only_available] = (offers, pools)
+    return pools
+
+
+def _compute_pools(offers: Sequence[PeerOffer], *, only_available: bool) -> list[Any]:
+    from frenzyd.marp.spec import GpuPool
+
     by_type: dict[str, list[tuple[int, int]]] = {}
     for p in offers:
         counts: dict[str, list[int]] = {}
@@ -372,14 +418,12 @@ def _pools_of(offers: Sequence[PeerOffer], only_available: bool) -> list[Any]:
             by_type.setdefault(t, []).append((len(mems), min(mems)))
     # A MIG instance runs one rank alone (a process sees one instance; NCCL cannot join instances
     # of one GPU), so MARP plans a MIG type for one-GPU jobs only.
-    pools = [
+    return [
         GpuPool(gpu_type=t, count=1 if is_mig_type(t) else sum(c for c, _ in rows),
                 memory_bytes=min(m for _, m in rows), speed=_speed(t),
                 gpus_per_node=1 if is_mig_type(t) else max(c for c, _ in rows))
         for t, rows in sorted(by_type.items())
     ]
-    _POOLS[only_available] = (offers, pools)
-    return pools
 
 
 def _pack(
@@ -609,6 +653,10 @@ class Schedule:
     policy: str
     preempt: tuple[tuple[str, str], ...] = ()
     pending: tuple[tuple[str, Placement], ...] = ()
+    planning: tuple[str, ...] = ()
+    """Jobs left out of this pass because MARP's plans for them are not cached yet (``schedule``'s
+    ``plan_inline=False``): the caller computes them off the pass (``warm_plans``) and the jobs
+    are placed on a later pass."""
 
 
 _TYPE_MEM: dict[int, tuple[Sequence[PeerOffer], dict[str, int]]] = {}
@@ -642,36 +690,30 @@ def _has_plan(p: JobPlan) -> Plan:
 
 
 def _without(p: PeerOffer, taken: set[str]) -> PeerOffer:
-    """``p`` with the GPUs in ``taken`` marked unavailable."""
+    """``p`` with the GPUs in ``taken`` marked unavailable (``p`` itself when it has none of them)."""
+    if not any(g.uuid in taken for g in p.gpus):
+        return p
     gpus = tuple(g if g.uuid not in taken else replace(g, available=False) for g in p.gpus)
     return replace(p, gpus=gpus)
 
 
 def _declared_work(
-    views: list[Any], run_views: list[Any], steps: Mapping[str, int | None], done: Mapping[str, int]
-) -> tuple[list[Any], list[Any]]:
-    """Give HAS each job's work: its declared ``--steps`` less the ``done`` steps a checkpoint keeps
-    (at least one step is left); a job that declares none counts as no shorter than the longest
-    declared job in the queue (on its fastest plan), so declaring work never makes a job wait
-    longer, and jobs that declare none keep their arrival order (HAS's aging)."""
-    fast: dict[int, float] = {}  # by the identity of a plans tuple (alive for the whole call)
-
-    def fastest(v: Any) -> float:
-        f = fast.get(id(v.plans))
-        if f is None:
-            f = fast[id(v.plans)] = min((p.step_time_s for p in v.plans), default=0.0)
-        return f
-
-    known = [float(k) * fastest(v) for v in views if (k := steps.get(v.job_id)) and fastest(v) > 0]
+    jobs: Sequence[tuple[str, _Derived]], queued: int, steps: Mapping[str, int | None],
+    done: Mapping[str, int],
+) -> list[tuple[float, float]]:
+    """Each job's work for HAS, (total steps, remaining steps): its declared ``--steps`` less the
+    ``done`` steps a checkpoint keeps (at least one step is left); a job that declares none counts as
+    no shorter than the longest declared job in the queue (the first ``queued`` of ``jobs``, on its
+    fastest plan), so declaring work never makes a job wait longer, and jobs that declare none keep
+    their arrival order (HAS's aging)."""
+    known = [float(k) * d.fastest for j, d in jobs[:queued] if (k := steps.get(j)) and d.fastest > 0]
     longest = max(known, default=1.0)
-
-    def with_work(v: Any) -> Any:
-        declared = steps.get(v.job_id)
-        n = float(declared) if declared else (longest / fastest(v) if fastest(v) > 0 else 1.0)
-        left = max(1.0, n - done.get(v.job_id, 0)) if declared else n
-        return replace(v, total_steps=n, remaining_steps=left)
-
-    return [with_work(v) for v in views], [with_work(v) for v in run_views]
+    out = []
+    for j, d in jobs:
+        declared = steps.get(j)
+        n = float(declared) if declared else (longest / d.fastest if d.fastest > 0 else 1.0)
+        out.append((n, max(1.0, n - done.get(j, 0)) if declared else n))
+    return out
 
 
 def _running_step_s(r: RunningInfo) -> float | None:
@@ -681,16 +723,102 @@ def _running_step_s(r: RunningInfo) -> float | None:
     return max(MIN_STAND_IN_STEP_S, step) if r.spec.stand_in and r.plan.backend == "gloo" else step
 
 
-def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[PeerOffer], *,
-              headroom: float, restart: RestartCosts | None = None) -> tuple[Any, list[JobPlan]]:
-    """HAS's view of one job (its candidate plans, speed model; with ``restart``, the restart cost
-    the pool measured) and the candidates as JobPlans; ``FrenzyError`` when it cannot be planned."""
-    from frenzyd.has.interface import JobView
-    from frenzyd.has.speed import JobSpeed, flops_per_step
+KNOWN_JOBS = 16384
+"""Jobs whose derived candidates and HAS view are kept between passes (``_KNOWN``, ``_VIEWS``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """What a pass derives for one job from its spec and its version group's GPUs: HAS's candidate
+    plans, the candidates as JobPlans, the speed model's inputs.  Kept per job id between passes
+    (``_KNOWN``) and reused while the spec, the group's key (``_group_key``: everything of the
+    group's GPUs this depends on) and the headroom are the same, so an unchanged job costs a pass a
+    lookup, not a plan-cache query and a conversion."""
+
+    spec: JobSpec
+    group: object
+    headroom: float
+    plans: tuple[Plan, ...]
+    cands: tuple[JobPlan, ...]
+    params: int
+    flops: float
+    restart_key: str | None
+    fastest: float
+    """The fastest packed step time of ``plans`` (0.0: none)."""
+
+    @property
+    def default_restart_s(self) -> float:
+        """``has.speed``'s restart cost of the job (when the pool has measured none)."""
+        return JobSpeed(params=self.params, flops_per_step=self.flops).restart_cost_s
+
+
+_KNOWN: dict[str, _Derived] = {}
+_VIEWS: dict[str, tuple[tuple[Any, ...], Any]] = {}
+_GROUPS: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+
+class _NotPlanned(Exception):  # a signal inside the pass, never raised out of it
+    """A model job's MARP plans are not cached and the pass may not compute them."""
+
+
+def _keep(cache: dict[str, Any], key: str, value: Any) -> None:
+    """``cache[key] = value``, the oldest entries dropped past ``KNOWN_JOBS`` (a race with another
+    thread's pass costs a recomputation, never a wrong answer: every entry carries its inputs)."""
+    cache[key] = value
+    while len(cache) > KNOWN_JOBS:
+        try:
+            del cache[next(iter(cache))]
+        except (KeyError, RuntimeError, StopIteration):
+            break
+
+
+def _group_key(vk: tuple[str, str], matching: Sequence[PeerOffer]) -> tuple[Any, ...]:
+    """What a job's candidates depend on in its version group's GPUs: per type, the count, the
+    smallest and largest memory, the most on one peer, whether any is simulated.  The same object
+    as the last pass's when equal to it, so a job's kept ``_Derived`` is checked by identity."""
+    per: dict[str, list[Any]] = {}
+    for p in matching:
+        mine: dict[str, int] = {}
+        for g in p.gpus:
+            row = per.get(g.type)
+            if row is None:
+                per[g.type] = [1, g.memory_bytes, g.memory_bytes, 0, g.simulated]
+            else:
+                row[0] += 1
+                if g.memory_bytes < row[1]:
+                    row[1] = g.memory_bytes
+                elif g.memory_bytes > row[2]:
+                    row[2] = g.memory_bytes
+                if g.simulated:
+                    row[4] = True
+            mine[g.type] = mine.get(g.type, 0) + 1
+        for t, n in mine.items():
+            per[t][3] = max(per[t][3], n)
+    key = tuple((t, *row) for t, row in sorted(per.items()))
+    old = _GROUPS.get(vk)
+    if old is not None and old == key:
+        return old
+    _GROUPS[vk] = key
+    return key
+
+
+def _derive(spec: JobSpec, matching: Sequence[PeerOffer], *, headroom: float, job_id: str | None = None,
+            group: object = None, compute: bool = True) -> _Derived:
+    """A job's ``_Derived`` (kept under ``job_id`` when ``group`` is given); ``FrenzyError`` when it
+    cannot be planned, ``_NotPlanned`` (``compute=False``) when its MARP plans are not cached."""
+    from frenzyd.has.speed import flops_per_step
     from frenzyd.marp.model import param_count
 
+    if job_id is not None and group is not None:
+        known = _KNOWN.get(job_id)
+        if known is not None and known.group is group and known.headroom == headroom \
+                and (known.spec is spec or known.spec == spec):
+            return known
     if _is_model(spec):
-        cands = marp_plans(spec, matching, headroom=headroom, only_available=False)
+        answer = _marp_answer(spec, matching, headroom=headroom, only_available=False, compute=compute)
+        if answer is None:
+            raise _NotPlanned
+        cands: Sequence[JobPlan] = answer
         model = job_model(spec)
         params = param_count(model)  # the simulator's speed model of the same job (frenzyd.sim.jobs)
         flops = flops_per_step(params, model.layers, model.hidden, spec.seq_len or 1, spec.global_batch or 1,
@@ -699,10 +827,7 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
         cands = _declared_plans(spec, matching)
         params = max(1, (spec.mem_per_rank or 0) // 16)
         flops = 6.0 * params * ASSUMED_SEQ_TOKENS * (spec.nproc or 1)
-    model_speed = JobSpeed(params=params, flops_per_step=max(flops, 1.0))
-    start_s, stop_s = (model_speed.restart_cost_s, 0.0) if restart is None else restart.for_model(
-        restart_key(spec))
-    speed = PoolSpeed(params=params, flops_per_step=model_speed.flops_per_step, restart_s=start_s)
+    speed = PoolSpeed(params=params, flops_per_step=max(flops, 1.0))  # step times: the restart cost aside
     memo = isinstance(cands, tuple) and not spec.stand_in  # a stand-in's times depend on the GPUs
     hit = _HAS_PLANS.get(id(cands)) if memo else None
     if hit is not None and hit[0] is cands:
@@ -723,15 +848,45 @@ def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[P
             _HAS_PLANS[id(cands)] = (cands, has_plans)
             while len(_HAS_PLANS) > 4096:
                 del _HAS_PLANS[next(iter(_HAS_PLANS))]
-    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=spec.nproc or 1, plans=has_plans,
-                   speed=speed, total_steps=1.0, remaining_steps=1.0, stop_cost_s=stop_s)
-    return view, list(cands)
+    derived = _Derived(spec, group, headroom, has_plans, tuple(cands), params, max(flops, 1.0),
+                       restart_key(spec), min((p.step_time_s for p in has_plans), default=0.0))
+    if job_id is not None and group is not None:
+        _keep(_KNOWN, job_id, derived)
+    return derived
+
+
+def _view_of(job_id: str, arrival_s: float, d: _Derived, restart: RestartCosts | None,
+             work: tuple[float, float], *, keep: bool = True) -> Any:
+    """HAS's view of a job (the last pass's object when every input is the same)."""
+    from frenzyd.has.interface import JobView
+
+    start_s, stop_s = (d.default_restart_s, 0.0) if restart is None else restart.for_model(d.restart_key)
+    key = (d, arrival_s, start_s, stop_s, work)
+    hit = _VIEWS.get(job_id) if keep else None
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=d.spec.nproc or 1, plans=d.plans,
+                   speed=PoolSpeed(params=d.params, flops_per_step=d.flops, restart_s=start_s),
+                   total_steps=work[0], remaining_steps=work[1], stop_cost_s=stop_s)
+    if keep:
+        _keep(_VIEWS, job_id, (key, view))
+    return view
+
+
+def _job_view(spec: JobSpec, job_id: str, arrival_s: float, matching: Sequence[PeerOffer], *,
+              headroom: float, restart: RestartCosts | None = None) -> tuple[Any, list[JobPlan]]:
+    """HAS's view of one job (its candidate plans, speed model; with ``restart``, the restart cost
+    the pool measured; one step of work) and the candidates as JobPlans; ``FrenzyError`` when it
+    cannot be planned."""
+    d = _derive(spec, matching, headroom=headroom)
+    return _view_of(job_id, arrival_s, d, restart, (1.0, 1.0), keep=False), list(d.cands)
 
 
 def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
     headroom: float = DEFAULT_HEADROOM, running: Sequence[RunningInfo] = (), policy: Any = None,
     restart: RestartCosts | None = None, refused: Mapping[str, Container[str]] | None = None,
+    plan_inline: bool = True,
 ) -> Schedule:
     """Decide which queued jobs start now and where, and which running checkpointable jobs HAS
     stops, shrinks, grows or moves (HAS ``frenzy`` policy, or ``policy``; see module docstring).
@@ -741,38 +896,52 @@ def schedule(
     the policy as every job's restart cost (start) and stop cost; None: ``has.speed``'s model.
     ``refused``: job id -> peers that refused its launch lately: no placement of the job uses them,
     nor a peer that runs only another user's jobs (``PeerOffer.only_jobs_of``).  HAS does not know
-    those bars, so a job it places on a barred peer gets MARP's best plan on the GPUs left instead."""
+    those bars, so a job it places on a barred peer gets MARP's best plan on the GPUs left instead.
+    ``plan_inline=False``: a model job whose MARP plans are not in the plan cache is left out of the
+    pass (``Schedule.planning``) instead of enumerating them here; the caller warms them
+    (``warm_plans``) off the pass.
+
+    What a pass derived for a job (its candidates, HAS's view) is kept by job id and reused on the
+    next pass while its inputs are the same (``_Derived``): the same values, not recomputed."""
     from frenzyd.has.frenzy import FrenzyPolicy
     from frenzyd.has.interface import Cluster, Gpu, GpuTypeSpec, RunningJob, Snapshot
 
     infeasible: list[tuple[str, str]] = []
-    views: list[Any] = []
-    candidates: dict[str, list[JobPlan]] = {}
-    by_versions: dict[tuple[str, str], tuple[list[PeerOffer], list[int]]] = {}
+    planning: list[str] = []
+    derived: list[tuple[str, _Derived]] = []
+    arrivals: list[float] = []
+    candidates: dict[str, Sequence[JobPlan]] = {}
+    by_versions: dict[tuple[str, str], tuple[list[PeerOffer], list[int], object]] = {}
 
-    def matching_of(spec: JobSpec) -> tuple[list[PeerOffer], list[int]]:
-        """The offers whose versions match ``spec`` and their GPUs' memory, sorted (once per pass)."""
+    def matching_of(spec: JobSpec) -> tuple[list[PeerOffer], list[int], object]:
+        """The offers whose versions match ``spec``, their GPUs' memory, sorted, and the group's
+        ``_group_key`` (once per pass)."""
         vk = (_py_minor(spec.python_version), spec.torch_version)
         group = by_versions.get(vk)
         if group is None:
             ms = [p for p in offers if versions_match(spec, p)]
-            group = by_versions[vk] = (ms, sorted(g.memory_bytes for p in ms for g in p.gpus))
+            group = by_versions[vk] = (ms, sorted(g.memory_bytes for p in ms for g in p.gpus),
+                                       _group_key(vk, ms))
         return group
 
     for q in queue:
-        matching, mems = matching_of(q.spec)
+        matching, mems, gkey = matching_of(q.spec)
         try:
-            view, cands = _job_view(q.spec, q.job_id, q.arrival_s, matching, headroom=headroom,
-                                    restart=restart)
+            d = _derive(q.spec, matching, headroom=headroom, job_id=q.job_id, group=gkey, compute=plan_inline)
             model = _is_model(q.spec)
-            if not matching or not cands or (not model and len(mems) - bisect.bisect_left(
+            if not matching or not d.cands or (not model and len(mems) - bisect.bisect_left(
                     mems, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1)):
                 place(q.spec, offers, headroom=headroom)  # raises when it can never fit (with why)
+        except _NotPlanned:
+            planning.append(q.job_id)
+            continue
         except FrenzyError as exc:  # infeasible, unknown model, MARP unavailable
             infeasible.append((q.job_id, str(exc)))
             continue
-        candidates[q.job_id] = cands
-        views.append(view)
+        candidates[q.job_id] = d.cands
+        derived.append((q.job_id, d))
+        arrivals.append(q.arrival_s)
+    queued_n = len(derived)
     declared = {q.job_id: q.spec.steps for q in queue}
     by_key: dict[tuple[str, int], OfferedGpu] = {}
     peer_of: dict[str, PeerOffer] = {}
@@ -788,24 +957,28 @@ def schedule(
             if og.available:
                 free.append(hg)
             type_mem[og.type] = max(type_mem.get(og.type, 0), og.memory_bytes)
-    run_views: list[Any] = []
     runs: list[tuple[RunningInfo, Any]] = []
     for r in running:
         gpus = [by_key.get(g) for g in r.gpus]
         if not _is_model(r.spec) or any(g is None or g.available for g in gpus) or not r.gpus:
             continue  # not HAS's to move (a script), or its peer's report does not show it running
-        matching = matching_of(r.spec)[0]
+        matching, _, gkey = matching_of(r.spec)
         try:
-            view, cands = _job_view(r.spec, r.job_id, r.started_s, matching, headroom=headroom,
-                                    restart=restart)
+            d = _derive(r.spec, matching, headroom=headroom, job_id=r.job_id, group=gkey, compute=plan_inline)
+        except _NotPlanned:
+            planning.append(r.job_id)  # not HAS's to move this pass
+            continue
         except FrenzyError:
             continue
-        candidates[r.job_id] = cands
+        candidates[r.job_id] = d.cands
         declared[r.job_id] = r.spec.steps
-        run_views.append(view)
+        derived.append((r.job_id, d))
+        arrivals.append(r.started_s)
         runs.append((r, [Gpu(peer, idx, by_key[(peer, idx)].type) for peer, idx in r.gpus]))
     done = {q.job_id: q.done_steps for q in queue} | {r.job_id: r.done_steps for r in running}
-    views, run_views = _declared_work(views, run_views, declared, done)
+    work = _declared_work(derived, queued_n, declared, done)
+    all_views = [_view_of(j, a, d, restart, w) for (j, d), a, w in zip(derived, arrivals, work, strict=True)]
+    views, run_views = all_views[:queued_n], all_views[queued_n:]
     running_jobs = tuple(
         RunningJob(job=v, plan=_has_plan(r.plan), gpus=tuple(g), started_s=r.started_s,
                    step_time_s=_running_step_s(r))  # MARP's (paced for a stand-in), as the queued jobs' plans
@@ -829,15 +1002,18 @@ def schedule(
     specs = {q.job_id: q.spec for q in queue} | {r.job_id: r.spec for r in running}
     owners = {q.job_id: q.owner for q in queue} | {r.job_id: r.owner for r in running}
     barred_from: dict[str, set[str]] = {}
+    exclusive = [(p.node_id, p.only_jobs_of) for p in offers if p.only_jobs_of is not None]
 
     def barred(job_id: str) -> set[str]:
         """Peers the job must not go to: they refused it lately, or run only another user's jobs."""
         out = barred_from.get(job_id)
         if out is None:
             owner = owners.get(job_id)
-            lately = (refused or {}).get(job_id, ())
-            out = barred_from[job_id] = {p.node_id for p in offers if p.node_id in lately
-                                         or (owner is not None and p.only_jobs_of not in (None, owner))}
+            lately = (refused or {}).get(job_id)
+            out = set() if lately is None else {p.node_id for p in offers if p.node_id in lately}
+            if owner is not None:
+                out.update(nid for nid, only in exclusive if only != owner)
+            barred_from[job_id] = out
         return out
 
     rerouted: list[str] = []
@@ -920,7 +1096,7 @@ def schedule(
             taken.update(r.gpu for r in alt.ranks)
             start.append((job_id, replace(alt, plan=replace(alt.plan, policy=f"{policy.name} (rerouted)"))))
     return Schedule(tuple(start), tuple(infeasible), policy.name, tuple((j, why[j]) for j in preempted),
-                    tuple(pending))
+                    tuple(pending), tuple(planning))
 
 
 def job_model(spec: JobSpec) -> Any:

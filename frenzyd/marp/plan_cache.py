@@ -170,9 +170,10 @@ class PlanCache:
         trainer_only: bool = False,
     ) -> list[Plan]:
         """Exactly :func:`frenzyd.marp.plans.feasible_plans`' answer (same arguments, same errors)."""
-        return list(self.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
-                               calibration=calibration, torch_version=torch_version,
-                               trainer_only=trainer_only))
+        answer = self.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
+                            calibration=calibration, torch_version=torch_version, trainer_only=trainer_only)
+        assert answer is not None  # computed when not cached
+        return list(answer)
 
     def plans(
         self,
@@ -186,11 +187,19 @@ class PlanCache:
         calibration: Calibration | None = None,
         torch_version: str = CALIBRATED_TORCH,
         trainer_only: bool = False,
-    ) -> tuple[Plan, ...]:
+        compute: bool = True,
+    ) -> tuple[Plan, ...] | None:
         """:meth:`feasible_plans`' answer as a tuple that is the very same object for the same inputs as
         long as it is cached (``ANSWERS`` of them), so a caller may keep what it derives from an answer
-        by the answer's identity (holding the answer, so the identity cannot be reused)."""
+        by the answer's identity (holding the answer, so the identity cannot be reused).
+
+        ``compute=False``: answer only from what is cached (no GPU count is enumerated), or None when
+        some type's plans would have to be computed (a new job shape, GPU type, memory budget or a
+        larger count bound); a disabled cache (``maxsize=0``) then always answers None.  Only with
+        ``compute=True`` is the answer never None."""
         if self.maxsize == 0:
+            if not compute:
+                return None
             return tuple(feasible_plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus,
                                         constants=constants, calibration=calibration,
                                         torch_version=torch_version, trainer_only=trainer_only))
@@ -208,6 +217,8 @@ class PlanCache:
             return answer
         validate(model, job)
         types = self._jobs.get(jkey)
+        if types is None and not compute:
+            return None
         if types is None:
             types = {}
             self._jobs[jkey] = types
@@ -220,12 +231,15 @@ class PlanCache:
             with contextlib.suppress(KeyError):  # evicted by another thread: `types` still answers
                 self._jobs.move_to_end(jkey)
         plans: list[Plan] = []
-        memo = self._memo(jkey)
+        memo = self._memo(jkey) if compute else Memo()
         for pool, extra in zip(pools, extras, strict=True):
             limit = pool.count if max_gpus is None else min(pool.count, max_gpus)
-            plans.extend(self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
-                                          constants=constants, extra=extra, trainer_only=trainer_only,
-                                          memo=memo))
+            got = self._type_plans(types, pool, limit, model=model, job=job, headroom=headroom,
+                                   constants=constants, extra=extra, trainer_only=trainer_only, memo=memo,
+                                   compute=compute)
+            if got is None:
+                return None
+            plans.extend(got)
         plans.sort(key=plan_order)
         answer = tuple(plans)
         self._answers[akey] = answer
@@ -272,8 +286,9 @@ class PlanCache:
     def _type_plans(
         self, types: dict[_TypeKey, tuple[_Entry, ...]], pool: GpuPool, limit: int, *, model: ModelSpec,
         job: TrainingSetup, headroom: float, constants: AnalyticConstants, extra: float, trainer_only: bool,
-        memo: Memo,
-    ) -> Sequence[Plan]:
+        memo: Memo, compute: bool = True,
+    ) -> Sequence[Plan] | None:
+        """``pool``'s plans for 1..``limit`` GPUs; None (``compute=False``) when they are not cached."""
         if limit < 1:
             return ()
         # Without gpus_per_node the count is also the per-peer bound: it is then part of the key.
@@ -292,6 +307,8 @@ class PlanCache:
         if found is not None and found.bound >= limit:
             self._hits += 1
             return found.plans[: bisect.bisect_right(found.counts, limit)]
+        if not compute:
+            return None
         self._misses += 1
         rec = Budget(budget)
         first = 1 if found is None else found.bound + 1
@@ -354,8 +371,10 @@ def cached_plans(
 ) -> tuple[Plan, ...]:
     """:meth:`PlanCache.plans` of the process's plan cache: the answer as a tuple whose identity is
     stable while it is cached (derive per-answer values once, keyed by it)."""
-    return _default.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
-                          calibration=calibration, torch_version=torch_version, trainer_only=trainer_only)
+    answer = _default.plans(model, setup, pools, headroom=headroom, max_gpus=max_gpus, constants=constants,
+                            calibration=calibration, torch_version=torch_version, trainer_only=trainer_only)
+    assert answer is not None  # computed when not cached
+    return answer
 
 
 def cached_feasible_plans(
