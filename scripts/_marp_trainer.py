@@ -125,8 +125,15 @@ FULL_ROWS: tuple[Row, ...] = (
     _r(B, "bf16-mixed", dp=2, pp=2),
     _r(B, "fp32", tp=2, pp=2),
     _r(B, "bf16-mixed", dp=4, zero=3),
+    # world size 8: the 3-D meshes (pp, dp, tp), every ZeRO stage, the tiny model only (GPT-2 124 M
+    # on 8 ranks would hold 8 replicas' worth of processes on a 2-core machine)
+    _r(T, "fp32", dp=2, tp=2, pp=2),
+    _r(T, "bf16-mixed", dp=2, tp=2, pp=2, zero=1),
+    _r(T, "fp32", dp=2, tp=2, pp=2, zero=2),
+    _r(T, "bf16-mixed", dp=2, tp=2, pp=2, zero=3),
 )
-"""The full table: every entry of ``frenzyd.marp.combos`` but ``single``, world sizes 2-4."""
+"""The full table: every entry of ``frenzyd.marp.combos`` but ``single``, world sizes 2-4 (the 3-D
+meshes at 8, the least they take)."""
 
 
 def predict(row: Row) -> Any:
@@ -160,8 +167,12 @@ class TrainerTable:
     """The table's measurement, started in a background thread (it waits on subprocesses) so that
     ``bench_marp`` can run its other tables meanwhile; :meth:`finish` joins, scores and prints."""
 
-    def __init__(self, *, tiny: bool, workdir: Path | None = None) -> None:
-        self.rows = TINY_ROWS if tiny else FULL_ROWS
+    def __init__(self, *, tiny: bool, workdir: Path | None = None,
+                 worlds: frozenset[int] | None = None) -> None:
+        rows = TINY_ROWS if tiny else FULL_ROWS
+        self.rows = rows if worlds is None else tuple(r for r in rows if r.world in worlds)
+        if not self.rows:
+            raise ValueError(f"no {'tiny ' if tiny else ''}row has a world size in {sorted(worlds or ())}")
         self.tiny = tiny
         self._tmp = tempfile.TemporaryDirectory(prefix="bench-marp-trainer-")
         self.work = Path(workdir) if workdir else Path(self._tmp.name)
@@ -306,3 +317,32 @@ def markdown(table: dict[str, Any]) -> str:
         lines += ["", f"{s['meeting_target']} of {s['n']} rows meet the target; min accuracy "
                   f"{100 * s['min_accuracy']:.2f}%, worst under-prediction {100 * s['worst_under']:.2f}%."]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python scripts/_marp_trainer.py --world 8 [--out F.json] [--markdown F.md]``: only the rows of
+    the given world sizes (the full table is ``bench_marp.py --trainer-only``)."""
+    import argparse
+
+    from benchmeta import provenance, write_results
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--world", type=int, action="append", required=True, help="a world size (repeatable)")
+    ap.add_argument("--out", type=Path, help="results JSON")
+    ap.add_argument("--markdown", type=Path, help="results table in Markdown")
+    args = ap.parse_args(argv)
+    prov = provenance()
+    try:
+        table = TrainerTable(tiny=False, worlds=frozenset(args.world)).finish()
+    except ValueError as e:
+        ap.error(str(e))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(table))
+    if args.out:
+        write_results(args.out, {"trainer": table}, prov)
+    return 0 if table["summary"]["measured"] == table["summary"]["n"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

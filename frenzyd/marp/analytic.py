@@ -162,6 +162,7 @@ def _stage_phases(
     params = _ceil_div(n_params, dp if fsdp else 1) * pb
     if spec.family == "llama":
         params += 2 * (spec.head_dim // 2) * 4  # rotary inv_freq buffers (float32, two copies)
+    params += layers * _layer_buffers_tp(spec, tp)
     grads_full = n_params * gb
     grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
     ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
@@ -411,19 +412,32 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _layer_params_tp(spec: ModelSpec, tp: int) -> int:
-    """One decoder layer's parameters on a tensor-parallel rank (Megatron column/row split, norms kept)."""
+    """One decoder layer's parameters on a tensor-parallel rank (Megatron column/row split, norms kept).
+
+    A column-wise bias is split with its weight (``ColwiseParallel``), except GPT-2's: the trainer's
+    ``TPConv1D`` keeps every bias full (``frenzyd/trainer/tp_gpt2.py``).
+    """
     if tp == 1:
         return M.layer_params(spec)
     h, hd = spec.hidden, spec.head_dim
+    col = 1 if spec.family == "gpt2" else tp
     n = M.layer_linear_params(spec) // tp
     if spec.qkv_bias:
-        n += (spec.heads + 2 * spec.kv_heads) * hd // tp
+        n += (spec.heads + 2 * spec.kv_heads) * hd // col
     if spec.o_bias:
         n += h
     if spec.mlp_bias:
-        n += (2 if spec.gated_mlp else 1) * spec.ffn // tp + h
+        n += (2 if spec.gated_mlp else 1) * spec.ffn // col + h
     n += 2 * h * (2 if spec.norm == "layernorm" else 1)
     return n
+
+
+def _layer_buffers_tp(spec: ModelSpec, tp: int) -> int:
+    """Bytes of one decoder layer's buffers on a tensor-parallel rank: GPT-2's ``TPConv1D`` keeps the
+    int64 indices of its own columns of ``c_attn`` and ``c_fc`` (to add its part of the full bias)."""
+    if tp == 1 or spec.family != "gpt2":
+        return 0
+    return 8 * ((spec.heads + 2 * spec.kv_heads) * spec.head_dim + spec.ffn) // tp
 
 
 def _largest_linear(spec: ModelSpec, tp: int) -> int:

@@ -10,8 +10,12 @@ Each combination names which mesh axes may be wider than one rank (``dp``,
 * ``tp``    - Megatron-style tensor parallel on DTensors (column-wise q/k/v and gate/up,
   row-wise o and down; ``parallelize_module`` for LLaMA, ``trainer.tp_gpt2`` for GPT-2)
 * ``pp``    - ``torch.distributed.pipelining`` ``Schedule1F1B``, layers split evenly
-* and their compositions on one DeviceMesh: every ZeRO stage with tp or with pp
-  (``dp×tp``, ``zero1×tp`` ... ``zero3×pp``), and ``tp×pp`` without data parallelism.
+* and their compositions on one ``(pp, dp, tp)`` DeviceMesh: every ZeRO stage with tp or with pp
+  (``dp×tp``, ``zero1×tp`` ... ``zero3×pp``), ``tp×pp`` without data parallelism, and the 3-D
+  meshes: every ZeRO stage with tp and pp (``dp×tp×pp`` ... ``zero3×tp×pp``; each 1F1B stage cut,
+  tensor-parallelised, then wrapped over its dp group).  With these every degree pattern of
+  dp, tp and pp at ZeRO 0-3 is in the table; what still refuses a plan is the model (tp must
+  divide the heads, pp the layers) and the batch (1F1B's ``grad_accum >= pp``).
 
 MARP proposes only plans for which :func:`runs` is true; the trainer refuses
 any other with :func:`refusal`'s message.  Pure: no torch, no I/O.
@@ -58,6 +62,10 @@ COMBOS: tuple[Combo, ...] = (
     Combo("zero2×pp", 2, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (no reshard)"),
     Combo("zero3×pp", 3, "any", "one", "many", "2-D mesh (dp, pp): 1F1B stages, each in FSDP2 (reshard)"),
     Combo("tp×pp", 0, "one", "many", "many", "2-D mesh (pp, tp): 1F1B stages of tensor-parallel layers"),
+    Combo("dp×tp×pp", 0, "many", "many", "many", "3-D mesh (pp, dp, tp): tp×pp stages, each in DDP over dp"),
+    Combo("zero1×tp×pp", 1, "any", "many", "many", "3-D mesh: tp×pp stages in DDP, ZeRO-1 optimizer over dp"),
+    Combo("zero2×tp×pp", 2, "any", "many", "many", "3-D mesh: tp×pp stages in FSDP2 over dp (no reshard)"),
+    Combo("zero3×tp×pp", 3, "any", "many", "many", "3-D mesh: tp×pp stages in FSDP2 over dp (reshard)"),
 )
 """Every combination the trainer runs, and nothing else (tests/trainer runs each one)."""
 
@@ -87,7 +95,7 @@ def refusal(setup: TrainingSetup, model: ModelSpec) -> str | None:
         names = ", ".join(c.name for c in COMBOS)
         return (
             f"the trainer does not run dp={setup.dp} tp={setup.tp} pp={setup.pp} zero={setup.zero}: "
-            f"it runs {names} (tp with pp runs without dp and ZeRO)"
+            f"it runs {names} (ZeRO stages 0-3)"
         )
     g = setup.effective_global_batch
     if g % (setup.micro_batch * setup.dp) != 0:

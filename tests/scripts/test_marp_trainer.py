@@ -19,12 +19,14 @@ from frenzyd.trainer.plan import resolve  # noqa: E402
 
 
 def test_full_rows_cover_every_parallel_form_at_world_sizes_2_to_4() -> None:
+    """... and the 3-D meshes (dp x tp x pp) at 8, the least they take, the tiny model only."""
     seen = set()
     for row in mt.FULL_ROWS:
         plan = resolve(row.plan(data="unused"))  # a plan the trainer runs, as given
         shape = (plan.micro_batch, plan.grad_accum, plan.world_size)
         assert shape == (row.micro_batch, row.grad_accum, row.world)
-        assert 2 <= row.world <= 4
+        three_d = min(row.dp, row.tp, row.pp) > 1
+        assert (row.world, row.model) == (8, mt.TINY_MODEL) if three_d else 2 <= row.world <= 4
         combo = combo_of(plan.setup())
         assert combo is not None
         seen.add(combo.name)
@@ -33,6 +35,13 @@ def test_full_rows_cover_every_parallel_form_at_world_sizes_2_to_4() -> None:
     assert len({r.name for r in mt.FULL_ROWS}) == len(mt.FULL_ROWS)
     assert param_count(load_model(mt.BIG_MODEL)) >= 100_000_000
     assert {r.model for r in mt.FULL_ROWS} == {mt.TINY_MODEL, mt.BIG_MODEL}
+
+
+def test_3d_rows_are_every_zero_stage_and_a_world_without_rows_is_refused(tmp_path: Path) -> None:
+    rows = [r for r in mt.FULL_ROWS if r.world == 8]
+    assert {r.zero for r in rows} == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match=r"no row has a world size in \[5\]"):  # before any process starts
+        mt.TrainerTable(tiny=False, worlds=frozenset({5}), workdir=tmp_path)
 
 
 def test_tiny_rows_are_one_group_of_the_tiny_model() -> None:

@@ -89,10 +89,14 @@ def test_global_batch_no_plan_divides(cfg: dict[str, str]) -> None:
 def test_plans_outside_the_table_are_refused(cfg: dict[str, str]) -> None:
     with pytest.raises(PlanError, match=r"tp=8 does not divide the 4 attention heads"):
         resolve(_plan(cfg, model=cfg["gpt2"], tp=8))
-    with pytest.raises(PlanError, match=r"does not run dp=2 tp=2 pp=2 zero=0"):
-        resolve(_plan(cfg, dp=2, tp=2, pp=2))
-    with pytest.raises(PlanError, match=r"does not run dp=1 tp=2 pp=2 zero=3"):
-        resolve(_plan(cfg, tp=2, pp=2, zero=3))
+    with pytest.raises(ConfigError, match=r"zero = 4 must be 0, 1, 2 or 3"):
+        resolve(_plan(cfg, dp=2, tp=2, pp=2, zero=4))
+    from frenzyd.marp.spec import TrainingSetup
+
+    outside = TrainingSetup(seq_len=16, micro_batch=1, global_batch=8, dp=2, tp=2, pp=2, zero=4)
+    assert "does not run dp=2 tp=2 pp=2 zero=4" in str(refusal(outside, load_model("tiny-llama")))
+    three_d = resolve(_plan(cfg, dp=2, tp=2, pp=2, zero=3))  # 3-D meshes are in the table
+    assert (three_d.world_size, three_d.micro_batch, three_d.grad_accum) == (8, 3, 2)
     with pytest.raises(PlanError, match=r"tp=4 does not divide the 2 key/value heads"):
         resolve(_plan(cfg, tp=4))
     with pytest.raises(PlanError, match=r"1F1B needs at least as many micro-batches as stages"):
