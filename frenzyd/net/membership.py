@@ -76,7 +76,7 @@ class Params:
     """Lifeguard's ``max`` = this x ``min``: the timeout of a suspicion nobody else confirms."""
     suspicion_k: int = 3
     """Independent confirmations (suspecters other than the first) that bring the timeout to ``min``;
-    fewer when the pool has fewer other members to confirm (n - 2)."""
+    at most half of those who could confirm (n - 2) in a small pool."""
     retransmit_mult: int = 4
     max_piggyback: int = 8
     """Membership changes carried by one message."""
@@ -145,9 +145,11 @@ class _Suspicion:
 
 
 def suspicion_bounds(params: Params, n: int) -> tuple[float, float, int]:
-    """Lifeguard's ``(min, max, k)`` for a pool of ``n`` live members (this node included)."""
+    """Lifeguard's ``(min, max, k)`` for a pool of ``n`` live members (this node and the suspect
+    included).  ``k`` is at most half the members who could confirm (n - 2): confirmations travel by
+    gossip, and waiting for every other member of a small pool would give it the long timeout."""
     lo = max(params.suspicion_min_s, params.suspicion_mult * math.log10(n + 1) * params.period_s)
-    return lo, params.suspicion_max_mult * lo, max(0, min(params.suspicion_k, n - 2))
+    return lo, params.suspicion_max_mult * lo, max(0, min(params.suspicion_k, (n - 2) // 2))
 
 
 @dataclass(slots=True)

@@ -209,6 +209,9 @@ class Members:
                 continue
             rec, revived = self.table.member(e.node_id, name=e.name, address=e.address, priority=e.priority,
                                              term=e.term, coordinator=e.coordinator, live=live, now=now)
+            if e.state == SUSPECT:
+                log.info("peer %s (%s) is suspect (membership, by %s)", e.name, e.node_id[:12],
+                         (e.by or "?")[:12])
             if live:
                 try:
                     self.election.observe(PeerView(e.node_id, e.priority, e.term, e.coordinator))

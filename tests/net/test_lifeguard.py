@@ -34,8 +34,11 @@ def core(n: int, params: Params = PARAMS) -> Membership:
 @pytest.mark.parametrize(("n", "k"), [
     (1000, 3),  # min = 3 x log10(1001) x 0.5 = 4.5 s, above the 2 s floor
     (40, 3),  # 2.4 s
-    (3, 1),  # one other member can confirm
-    (2, 0),  # nobody can: the minimum at once
+    (8, 3),
+    (6, 2),  # at most half of the n - 2 who could confirm
+    (4, 1),
+    (3, 0),  # the minimum at once
+    (2, 0),
 ])
 def test_bounds_scale_with_log_n_and_k_with_who_can_confirm(n: int, k: int) -> None:
     got_lo, got_hi, got_k = suspicion_bounds(PARAMS, n)
@@ -43,7 +46,7 @@ def test_bounds_scale_with_log_n_and_k_with_who_can_confirm(n: int, k: int) -> N
     assert got_lo == pytest.approx(want_lo)
     assert got_hi == pytest.approx(6.0 * want_lo)
     assert got_k == k
-    lows = [suspicion_bounds(PARAMS, m)[0] for m in (1000, 40, 3)]
+    lows = [suspicion_bounds(PARAMS, m)[0] for m in (1000, 40, 4)]
     assert lows == sorted(lows, reverse=True)
 
 
@@ -135,16 +138,16 @@ def test_unreachable_suspects_a_live_member_and_confirms_a_suspect_one() -> None
 
 
 def test_an_own_failed_probe_of_a_suspect_member_is_a_confirmation() -> None:
-    c = core(3)  # 0, 1, 2: member 2 suspects 1; member 0 then probes 1 and gets no answer
+    c = core(4)  # 0..3: member 2 suspects 1; member 0 then probes 1 and gets no answer
     c.merge(entry(1, SUSPECT, by=2), 0.0)
     t = 0.0
-    for _ in range(40):  # both others get probed within a few periods; 1 never acks
+    for _ in range(60):  # the three others get probed within a few periods; 1 never acks
         c.tick(t)
         t += 0.05
         if node_id(0) in c.suspecters(node_id(1)):
             break
     assert c.suspecters(node_id(1)) == {node_id(2), node_id(0)}
-    lo, _, k = suspicion_bounds(PARAMS, 3)
+    lo, _, k = suspicion_bounds(PARAMS, 4)
     assert k == 1
     assert c.suspicion_deadline(node_id(1)) == pytest.approx(0.0 + lo)
 
