@@ -42,9 +42,13 @@ class _CappedSink:
         self.out.flush()
 
 
-def pack_to(out: IO[bytes], path: Path, max_bytes: int, *, only: str | None = None) -> tuple[int, str]:
+def pack_to(out: IO[bytes], path: Path, max_bytes: int, *, only: str | None = None,
+            compresslevel: int = 6) -> tuple[int, str]:
     """Write the archive of the plain files under directory ``path`` to ``out`` (or, with
     ``only``, of the one file ``path/only``); return its size and sha256 hex.
+
+    ``compresslevel`` 0 writes stored gzip blocks: still an archive :func:`unpack` reads, for
+    tensors that deflate hardly shrinks (a checkpoint: 26 % smaller for 10x the CPU of a copy).
 
     Symlinks and special files are skipped, as are ``__pycache__``, ``.git`` and
     ``frenzy-results``.  Raises :class:`LaunchError` when the files (uncompressed) or the
@@ -57,7 +61,7 @@ def pack_to(out: IO[bytes], path: Path, max_bytes: int, *, only: str | None = No
     sink = _CappedSink(out, max_bytes, str(root / only) if only else str(root))
     total = 0
     try:
-        with tarfile.open(fileobj=sink, mode="w:gz", compresslevel=6) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=sink, mode="w:gz", compresslevel=compresslevel) as tar:  # type: ignore[call-overload]
             for full in _files(root, only):
                 total += full.stat().st_size
                 if total > max_bytes:
@@ -99,10 +103,10 @@ def _files(root: Path, only: str | None) -> list[Path]:
     return out
 
 
-def pack_dir(path: Path, max_bytes: int) -> tuple[bytes, str]:
+def pack_dir(path: Path, max_bytes: int, *, compresslevel: int = 6) -> tuple[bytes, str]:
     """A gzip'd tar of the plain files under ``path`` and its sha256 hex (:func:`pack_to`, in memory)."""
     buf = io.BytesIO()
-    _, sha = pack_to(buf, path, max_bytes)
+    _, sha = pack_to(buf, path, max_bytes, compresslevel=compresslevel)
     return buf.getvalue(), sha
 
 

@@ -813,13 +813,21 @@ async def _pump(rank: int, name: str, stream: asyncio.StreamReader, cb: OutputCa
 # pack_dir, private_dir and unpack stay importable from here.
 
 
+RESULTS_COMPRESSLEVEL: Final = 0
+"""gzip level of what a rank host packs while or after its ranks run (rank 0's results, a host's
+checkpoint part): stored blocks.  Tensors hardly deflate: a tiny-llama checkpoint (82.6 MB of fp32
+weights and AdamW state) shrank 26 % at level 6 for 2.8 CPU seconds, against 0.3 s stored; on the
+shared 2-core bench machine that CPU came out of the ranks' steps (scripts/bench_trainer_overhead.py)."""
+
+
 def collect_results(output_dir: Path, max_bytes: int) -> bytes:
-    """Rank 0's output files as an archive (:func:`pack_dir`), at most ``max_bytes``; empty dir is fine."""
+    """Rank 0's output files (or a checkpoint directory) as an archive (:func:`pack_dir`, stored:
+    ``RESULTS_COMPRESSLEVEL``), at most ``max_bytes``; an empty directory is fine."""
     out = Path(output_dir)
     if not out.exists():
         out.mkdir(parents=True)
     try:
-        data, _ = pack_dir(out, max_bytes)
+        data, _ = pack_dir(out, max_bytes, compresslevel=RESULTS_COMPRESSLEVEL)
     except LaunchError as exc:
         raise LaunchError(f"job results too large: {exc}; raise [launcher] max_result_bytes") from exc
     return data
