@@ -54,6 +54,11 @@ OUTPUT_DRAIN_S = 30.0
 """Longest an exit report waits for the attempt's remaining output to be delivered."""
 MAX_DELIVERY_BACKOFF_S = 60.0
 """Longest wait between two tries to deliver an exit report to an unreachable submitter."""
+COPY_SPACING = 20.0
+"""A running attempt's next checkpoint copy to its submitter waits this many times as long as the
+last copy took, from packing to the submitter's answer (which comes after its merge): under 5 % of
+a core.  Timing the packing alone let the submitter's merge (unpack and repack, 2-3x the packing)
+run beside the ranks; on a one-node pool it is their own node."""
 
 log = logging.getLogger(__name__)
 
@@ -546,11 +551,23 @@ class RankHostRole:
         grace = float(getattr(self.launcher, "term_grace_s", 10.0))
         return min(grace, self.vacate_grace_s) if reclaim else grace
 
+    def _checkpoints(self, run: RankRun) -> Path:
+        run_dir = self._run_dirs.get(run.key, self.data_dir / "runs" / run.job_id / f"a{run.attempt}")
+        return run_dir / "checkpoints"
+
+    def _newest_complete_step(self, run: RankRun) -> int:
+        """The step of the attempt's newest complete checkpoint here (0: none); a directory listing,
+        no packing."""
+        ckpt = self._checkpoints(run)
+        steps = [int(p.name.removeprefix("step-")) for p in ckpt.glob("step-*")
+                 if p.name.removeprefix("step-").isdigit() and (p / "COMPLETE").is_file()] \
+            if ckpt.is_dir() else []
+        return max(steps, default=0)
+
     def _checkpoint_part(self, run: RankRun) -> tuple[int, int, bytes, str] | None:
         """This host's part of the attempt's newest complete checkpoint, packed, as
         ``(step, hosts, archive, sha256)`` (None: the ranks here wrote none, or it is too big)."""
-        run_dir = self._run_dirs.get(run.key, self.data_dir / "runs" / run.job_id / f"a{run.attempt}")
-        ckpt = run_dir / "checkpoints"
+        ckpt = self._checkpoints(run)
         for _ in range(3):  # the ranks may save a newer one and prune this one while it is packed
             done = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").is_file()] if ckpt.is_dir() else []
             if not done:
@@ -571,33 +588,55 @@ class RankHostRole:
             return int(step), len(run.record.peers()), data, hashlib.sha256(data).hexdigest()
         return None
 
+    def _now(self) -> float:
+        """The clock that times a checkpoint copy (for its spacing)."""
+        return time.monotonic()
+
+    async def _pause(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Wait ``seconds``, or less when ``wake`` is set."""
+        if wake is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wake.wait()
+
+    async def _newer_checkpoint(self, run: RankRun, every: float, told: asyncio.Event) -> bool:
+        """Wait until a checkpoint newer than the last one sent is complete here, looking every
+        ``every`` seconds or when ``told``; False when the attempt ended first."""
+        while not run.done:
+            if await asyncio.to_thread(self._newest_complete_step, run) > run.checkpoint_sent:
+                return True
+            told.clear()
+            await self._pause(every, told)
+        return False
+
     async def _upload_checkpoints(self, run: RankRun) -> None:
         """While the attempt runs, send each new complete checkpoint's part to the submitter (DESIGN
         §8: "copied there after each save"), so the job survives the loss of any peer that ran its
         ranks, this one included.  A failed send is retried at the next look; the attempt's last
-        checkpoint also travels with its exit report.  Packing a checkpoint costs CPU the ranks
-        compete for, so copies are spaced by at least 20 times what the last one took to pack
-        (under 5 % of a core: a 90 MB checkpoint made the ranks 0.64x as fast when copied every
-        few seconds on 2 cores)."""
+        checkpoint also travels with its exit report.
+
+        A copy costs CPU the ranks compete for (packing here; hashing, unpacking and merging at the
+        submitter, which answers the last chunk only once its merge is done), so the next copy
+        starts ``COPY_SPACING`` times the last one's whole duration after it ended, at least
+        ``max(2 s, 4 heartbeats)``: under 5 % of a core, on whichever node pays.  Between copies
+        the checkpoint directory is only listed (every 2 s or 4 heartbeats, sooner when a
+        checkpointable script's rank says a checkpoint is complete); nothing is packed again until
+        a newer checkpoint is complete."""
         floor = max(2.0, 4 * self.ctx.heartbeat_s)
-        every = floor
-        told = self._checkpoint_told.get(run.key) or asyncio.Event()  # a checkpointable script's
-        while not run.done:
-            await asyncio.sleep(floor)
-            if every > floor:  # a rank's "checkpoint complete" ends the wait early
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(every - floor):
-                        await told.wait()
-            told.clear()
-            if run.done:
+        gap = floor
+        told = self._checkpoint_told.get(run.key) or asyncio.Event()
+        while True:
+            await self._pause(gap)
+            if not await self._newer_checkpoint(run, floor, told):
                 return
-            t0 = time.monotonic()
-            part = await asyncio.to_thread(self._checkpoint_part, run)
-            every = max(floor, 20.0 * (time.monotonic() - t0))
-            if part is None or part[0] <= run.checkpoint_sent:
-                continue
-            step, hosts, data, sha = part
+            t0 = self._now()
             try:
+                part = await asyncio.to_thread(self._checkpoint_part, run)
+                if part is None or part[0] <= run.checkpoint_sent:
+                    continue
+                step, hosts, data, sha = part
                 for off in range(0, max(len(data), 1), CHUNK):
                     chunk = JobCheckpoint(run.job_id, run.attempt, step, hosts, off, len(data), sha,
                                           data[off:off + CHUNK])
@@ -605,11 +644,11 @@ class RankHostRole:
                                                             _chunk_timeout_s(off, len(data))))
                     if not ack.ok:
                         raise LaunchError(ack.reason)
+                run.checkpoint_sent = step
             except (FrenzyError, OSError) as exc:
-                log.info("job %s attempt %d: checkpoint step %d not taken yet (%s)", run.job_id, run.attempt,
-                         step, exc)
-                continue
-            run.checkpoint_sent = step
+                log.info("job %s attempt %d: checkpoint not taken yet (%s)", run.job_id, run.attempt, exc)
+            finally:
+                gap = max(floor, COPY_SPACING * (self._now() - t0))
 
     async def _send_checkpoint(self, entry: OutboxEntry) -> None:
         """This host's checkpoint part, in chunks, before the exit report: by the time the submitter

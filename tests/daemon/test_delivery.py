@@ -180,3 +180,76 @@ def test_a_checkpoint_pruned_while_it_is_packed_is_replaced_by_the_newer_one(tmp
     h._collect = broken  # a checkpoint that is still there and fails to pack: reported, not retried
     assert h._checkpoint_part(run) is None  # type: ignore[arg-type]
     assert packed[2:] == ["step-00000004"]
+
+
+class Copier(Host):
+    """A rank host whose copies are timed on the fake submitter's clock and whose waits are recorded
+    (and skipped); ``looks`` waits later the attempt ends."""
+
+    def __init__(self, ctx: RoleContext, data_dir: Path, sub: SlowSubmitter, run: Any, looks: int) -> None:
+        super().__init__(ctx, data_dir)
+        self.sub, self.run, self.looks = sub, run, looks
+        self.waits: list[float] = []
+
+    def _now(self) -> float:
+        return self.sub.now
+
+    async def _pause(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        self.waits.append(seconds)
+        if len(self.waits) >= self.looks:
+            self.run.done = True
+
+
+def copier(tmp_path: Path, looks: int, merge_bytes_s: float) -> tuple[Copier, Any, list[str], Path]:
+    sub = SlowSubmitter(per_mib_s=0.1, merge_bytes_s=merge_bytes_s)
+    peers: dict[str, dict[str, Any]] = {"sub": {}, "me": {}}
+    ctx = RoleContext(node_id="me", node_name="me", send=sub.send, send_order=sub.send,
+                      view=lambda: ClusterView("sub", 1, peers), spawn=lambda coro, name: coro.close(),
+                      wake=lambda: None, clock=lambda: sub.now, heartbeat_s=0.001)
+    run = SimpleNamespace(key=("j-1", 1), job_id="j-1", attempt=1, submitter="sub", done=False,
+                          checkpoint_sent=0, record=SimpleNamespace(peers=lambda: ["me"]))
+    h = Copier(ctx, tmp_path, sub, run, looks)
+    packed: list[str] = []
+
+    def collect(path: Path, cap: int) -> bytes:
+        packed.append(path.name)
+        return b"x" * (4 * MIB)
+
+    h._collect = collect
+    ckpt = tmp_path / "runs" / "j-1" / "a1" / "checkpoints"
+    return h, run, packed, ckpt
+
+
+def complete(ckpt: Path, step: int) -> None:
+    d = ckpt / f"step-{step:08d}"
+    d.mkdir(parents=True)
+    (d / "COMPLETE").write_text(f"{step}\n")
+
+
+async def test_the_next_checkpoint_copy_waits_twenty_times_the_whole_last_copy(tmp_path: Path) -> None:
+    """The spacing counts the submitter's merge (its answer to the last chunk), not the packing
+    alone: on a one-node pool the merge ran beside the ranks (bench_trainer_overhead: ~2.5x the
+    packing's CPU)."""
+    h, run, packed, ckpt = copier(tmp_path, looks=2, merge_bytes_s=1e6)  # 4 MiB merged: 4.2 s
+    complete(ckpt, 5)
+    await h._upload_checkpoints(run)
+    assert packed == ["step-00000005"]
+    assert run.checkpoint_sent == 5
+    copy_s = h.sub.now  # 4 chunks at 0.05 + 0.1 s, then the merge
+    assert copy_s > 4.0
+    assert h.waits == [2.0, pytest.approx(20 * copy_s)]
+
+
+async def test_a_checkpoint_already_sent_is_not_packed_again(tmp_path: Path) -> None:
+    h, run, packed, ckpt = copier(tmp_path, looks=6, merge_bytes_s=1e9)
+    complete(ckpt, 5)
+    await h._upload_checkpoints(run)
+    assert packed == ["step-00000005"]  # five more looks, nothing newer: listed, never packed
+    assert h.waits[2:] == [2.0] * 4
+
+    h2, run2, packed2, ckpt2 = copier(tmp_path / "b", looks=4, merge_bytes_s=1e9)
+    complete(ckpt2, 5)
+    complete(ckpt2, 10)
+    await h2._upload_checkpoints(run2)
+    assert packed2 == ["step-00000010"]
+    assert run2.checkpoint_sent == 10
