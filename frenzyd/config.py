@@ -339,6 +339,20 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
     ),
     (
         "jobs",
+        "restart_start_s",
+        "60.0",
+        "what the coordinator assumes a re-placed job's start costs (placement to its first step) until it "
+        "has measured its own; its measurements then take over (status `scheduler`)",
+    ),
+    (
+        "jobs",
+        "restart_stop_s",
+        "36.0",
+        "what it assumes a stop costs (stop order to every rank's exit: checkpoint write and copy) until "
+        "measured",
+    ),
+    (
+        "jobs",
         "retention_s",
         "604800.0",
         "how long a rank host keeps a finished attempt's exit status and results for a submitter "
@@ -565,6 +579,8 @@ class JobsSection:
     unplaceable_after_s: float = 3600.0
     retention_s: float = 7 * 24 * 3600.0
     min_run_s: float = 120.0
+    restart_start_s: float = 60.0
+    restart_stop_s: float = 36.0
     max_queued_per_user: int = 50
     max_active_per_user: int = 100
     keep_finished_days: float = 30.0
@@ -929,6 +945,8 @@ def config_from_dict(
         unplaceable_after_s=jb.float_("unplaceable_after_s", 3600.0),
         retention_s=jb.float_("retention_s", 7 * 24 * 3600.0),
         min_run_s=jb.float_("min_run_s", 120.0),
+        restart_start_s=jb.float_("restart_start_s", 60.0, 0.0, 86400.0, open_lo=False),
+        restart_stop_s=jb.float_("restart_stop_s", 36.0, 0.0, 86400.0, open_lo=False),
         max_queued_per_user=jb.int_("max_queued_per_user", 50, 0, 1 << 20),
         max_active_per_user=jb.int_("max_active_per_user", 100, 0, 1 << 20),
         keep_finished_days=jb.float_("keep_finished_days", 30.0, 0.0, 36500.0, open_lo=False),

@@ -323,6 +323,7 @@ class Daemon:
             heartbeat_s=cfg.timing.heartbeat_s, lease_timeout_s=cfg.timing.lease_timeout_s,
             retention_s=cfg.jobs.retention_s, unplaceable_after_s=cfg.jobs.unplaceable_after_s,
             min_run_s=cfg.jobs.min_run_s, policy=cfg.jobs.policy, vacate_grace_s=cfg.owner.vacate_grace_s,
+            restart_costs=(cfg.jobs.restart_start_s, cfg.jobs.restart_stop_s),
             socket_ifname=cfg.network.interfaces[0] if cfg.network.interfaces else None,
         )
         for kind, handler in self.orch.handlers().items():

@@ -227,15 +227,29 @@ def pace_s(plan: Plan) -> float:
     return max(PACE_MIN_S, float(plan.step_time_s or 0.0))
 
 
-def sim_jobs(jobs: Sequence[LiveJob]) -> list[Any]:
+def restart_told(model: Any) -> tuple[float, float] | None:
+    """(start_s, stop_s) the live coordinators are seeded with (``[jobs] restart_start_s`` and
+    ``restart_stop_s``) and the simulated policy is told: a resumed start and the handover of the
+    calibration.  None (no calibrated start): ``has.speed``'s cost on both sides' defaults."""
+    if model.start_s is None:
+        return None
+    return model.restart_s(0.0, resumed=True), model.shown_stop_s(0)
+
+
+def sim_jobs(jobs: Sequence[LiveJob], model: Any) -> list[Any]:
+    """The jobs as the simulated policy sees them: the live coordinator's view (``live_view``), its
+    restart cost the one the live coordinators start from (``restart_told``); the stop cost comes
+    from ``model`` (``PreemptionModel.shown_stop_s``), as the live one's ``restart_stop_s``."""
     from frenzyd.sim.model import SimJob
 
+    told = restart_told(model)
     out = []
     for j in jobs:
         v = live_view(j)
+        speed = v.speed if told is None else replace(v.speed, restart_s=told[0])
         out.append(SimJob(job_id=j.job_id, arrival_s=j.arrival_s, requested_gpus=1, model=j.model,
                           seq_len=j.seq_len, global_batch=j.global_batch, total_steps=float(j.steps),
-                          speed=v.speed, plans=v.plans, trace_duration_s=j.trace_duration_s))
+                          speed=speed, plans=v.plans, trace_duration_s=j.trace_duration_s))
     return out
 
 
@@ -338,7 +352,7 @@ def policy(name: str) -> Any:
 def simulate(jobs: Sequence[LiveJob], name: str, model: Any) -> Any:
     from frenzyd.sim.simulator import simulate as run
 
-    return run(Ticking(policy(name)), sim_jobs(jobs), cluster(), seed=0, clock=time.perf_counter,
+    return run(Ticking(policy(name)), sim_jobs(jobs, model), cluster(), seed=0, clock=time.perf_counter,
                preemption=model, step_time=lambda job, plan, peers: pace_s(plan), max_time_s=SIM_LIMIT_S)
 
 
@@ -395,10 +409,20 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def jobs_toml(policy_name: str, min_run_s: float, restart: tuple[float, float] | None) -> str:
+    """The daemons' ``[jobs]`` table: the policy, ``min_run_s`` and the seeded restart costs."""
+    out = f'[jobs]\npolicy = "{policy_name}"\nmin_run_s = {min_run_s}\n'
+    if restart is not None:
+        out += f"restart_start_s = {restart[0]:.3f}\nrestart_stop_s = {restart[1]:.3f}\n"
+    return out
+
+
 def start_pool(
-    base: Path, nodes: Sequence[tuple[str, str, int]], policy_name: str, min_run_s: float
+    base: Path, nodes: Sequence[tuple[str, str, int]], policy_name: str, min_run_s: float,
+    restart: tuple[float, float] | None = None,
 ) -> list[Any]:
-    """Real daemons, static peers on 127.0.0.1; ``fifo`` through :func:`run_as_daemon`."""
+    """Real daemons, static peers on 127.0.0.1; ``fifo`` through :func:`run_as_daemon`; ``restart``:
+    the (start, stop) seconds the coordinators assume until they have measured their own."""
     from _pool import PY, Daemon, NodeConf, make_pool
 
     class LiveDaemon(Daemon):
@@ -419,7 +443,7 @@ def start_pool(
     names = [n for n, _, _ in nodes]
     creds = make_pool(base / "pool", names)
     peer_ports, web_ports = free_ports(len(names)), free_ports(len(names))
-    jobs_toml = f'[jobs]\npolicy = "{policy_name}"\nmin_run_s = {min_run_s}\n'
+    jobs = jobs_toml(policy_name, min_run_s, restart)
     daemons = []
     for i, (name, gtype, count) in enumerate(nodes):
         conf = NodeConf(
@@ -429,7 +453,7 @@ def start_pool(
             mdns=False, heartbeat_s=HEARTBEAT_S, peer_timeout_s=PEER_TIMEOUT_S,
             rendezvous_ports=(29400 + 20 * i, 29419 + 20 * i), term_grace_s=STOP_GRACE_S,
             shutdown_deadline_s=STOP_GRACE_S + 10, lease_timeout_s=STOP_GRACE_S + 30,
-            priority=10 if i == 0 else 0, extra_toml=jobs_toml,
+            priority=10 if i == 0 else 0, extra_toml=jobs,
         )
         daemons.append(LiveDaemon(conf))
     for d in daemons:
@@ -527,12 +551,12 @@ def late_steps(lines: Sequence[tuple[int, int, float]], paces: dict[int, float],
 
 
 async def replay(jobs: Sequence[LiveJob], policy_name: str, base: Path, limit_s: float,
-                 log: Any = print) -> dict[str, Any]:
+                 log: Any = print, restart: tuple[float, float] | None = None) -> dict[str, Any]:
     """Submit ``jobs`` at their arrivals to a fresh pool under ``policy_name``; the daemons' records."""
     from frenzy_client.daemon_client import DaemonClient
     from frenzyd.trainer.corpus import write_corpus
 
-    daemons = start_pool(base, NODES, policy_name, MIN_RUN_S)
+    daemons = start_pool(base, NODES, policy_name, MIN_RUN_S, restart)
     workdir = base / "data"
     workdir.mkdir(parents=True, exist_ok=True)
     write_corpus(workdir / "corpus.txt", CORPUS_BYTES)
@@ -831,7 +855,7 @@ async def amain(args: argparse.Namespace) -> int:
     runs: dict[str, Any] = {}
     limit = args.limit_s or (130.0 if args.tiny else 30 * 60.0)
     for p in ("frenzy", "fifo"):
-        run = await replay(jobs, p, base / p, limit)
+        run = await replay(jobs, p, base / p, limit, restart=restart_told(model))
         runs[p] = run
         live[p] = live_summary(run)
         actual = [replace(j, arrival_s=run["jobs"][j.job_id]["submitted_s"]) for j in jobs]

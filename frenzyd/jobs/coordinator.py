@@ -63,7 +63,8 @@ REFUSED_BAR_MAX_S = 600.0
 class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
 
-    def __init__(self, ctx: RoleContext, *, min_run_s: float = 120.0, policy: str = "frenzy") -> None:
+    def __init__(self, ctx: RoleContext, *, min_run_s: float = 120.0, policy: str = "frenzy",
+                 restart: RestartCosts | None = None) -> None:
         self.ctx = ctx
         self.min_run_s = min_run_s
         self.policy_name = policy
@@ -72,7 +73,7 @@ class CoordinatorRole:
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
         self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
-        self.restart = RestartCosts()
+        self.restart = restart or RestartCosts()
         """What re-placing a running job costs here, measured (kept across terms: it is this pool's)."""
         self._reset()
 

@@ -57,6 +57,7 @@ from frenzyd.jobs.messages import (
     Reply,
 )
 from frenzyd.jobs.model import TERMINAL, JobRecord, JobTable, LeaseTable
+from frenzyd.jobs.placement import RestartCosts
 from frenzyd.jobs.rank_host import RankHostRole
 from frenzyd.jobs.status import merge_jobs
 from frenzyd.jobs.store import JobStore
@@ -96,6 +97,7 @@ class Orchestrator:
         unplaceable_after_s: float = 3600.0,
         min_run_s: float = 120.0,
         policy: str = "frenzy",
+        restart_costs: tuple[float, float] | None = None,
         vacate_grace_s: float = 30.0,
         socket_ifname: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -111,7 +113,9 @@ class Orchestrator:
         self.submitter = SubmitterRole(self.ctx, JobStore(data_dir), pack_dir=pack_dir, versions=versions,
                                        max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,
                                        unplaceable_after_s=unplaceable_after_s, unpack=unpack)
-        self.coordinator = CoordinatorRole(self.ctx, min_run_s=min_run_s, policy=policy)
+        self.coordinator = CoordinatorRole(
+            self.ctx, min_run_s=min_run_s, policy=policy,
+            restart=None if restart_costs is None else RestartCosts(*restart_costs))
         self.rank_host = RankHostRole(self.ctx, data_dir=data_dir, gpus=gpus, launcher=launcher,
                                       rank_spec=rank_spec, unpack=unpack, collect_results=collect_results,
                                       max_payload_bytes=max_payload_bytes, max_result_bytes=max_result_bytes,

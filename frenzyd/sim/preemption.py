@@ -102,6 +102,16 @@ class PreemptionModel:
             return speed_restart_s
         return self.start_s + (self.load_s if resumed else 0.0)
 
+    def shown_stop_s(self, params: int) -> float:
+        """What a stop adds to a restart as the policies are told (``JobView.stop_cost_s``): the
+        checkpoint write when a stop saves, or with ``finish_step`` the calibrated handover (the live
+        coordinator's measured stop: checkpoint write, its copy, the exit report)."""
+        if not self.charge:
+            return 0.0
+        if self.finish_step:
+            return self.handover_s
+        return self.write_s(params) if self.save_on_stop else 0.0
+
     def write_s(self, params: int) -> float:
         """Seconds to write a checkpoint of a job with ``params`` parameters."""
         return CHECKPOINT_BYTES_PER_PARAM * params / self.write_bytes_s

@@ -148,7 +148,7 @@ def simulate(
             job=j,
             remaining=float(j.total_steps),
             requested=j.requested_gpus,
-            stop_cost_s=preemption.stop_cost(j.speed.params, 0.0, 1.0)[1],
+            stop_cost_s=preemption.shown_stop_s(j.speed.params),
         )
         for j in jobs
     }

@@ -165,3 +165,15 @@ def test_the_jobs_section_sets_the_live_scheduler(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, MIN + "[jobs]\npolicy = 'fifo'\nmin_run_s = 5.0\n"), {}, ifaddr=_no_if)
     assert (cfg.jobs.policy, cfg.jobs.min_run_s) == ("fifo", 5.0)
     assert load_config(_write(tmp_path, MIN), {}, ifaddr=_no_if).jobs.policy == "frenzy"
+
+
+def test_the_restart_costs_a_coordinator_starts_from_are_configurable(tmp_path: Path) -> None:
+    from frenzyd.jobs.placement import DEFAULT_START_S, DEFAULT_STOP_S
+
+    jobs = load_config(_write(tmp_path, MIN), {}, ifaddr=_no_if).jobs
+    assert (jobs.restart_start_s, jobs.restart_stop_s) == (DEFAULT_START_S, DEFAULT_STOP_S)
+    cfg = load_config(_write(tmp_path, MIN + "[jobs]\nrestart_start_s = 9.5\nrestart_stop_s = 0\n"), {},
+                      ifaddr=_no_if)
+    assert (cfg.jobs.restart_start_s, cfg.jobs.restart_stop_s) == (9.5, 0.0)
+    with pytest.raises(ConfigError, match="restart_start_s"):
+        load_config(_write(tmp_path, MIN + "[jobs]\nrestart_start_s = -1\n"), {}, ifaddr=_no_if)

@@ -169,3 +169,40 @@ def test_the_tracker_keeps_a_terminal_state_and_the_first_plan_of_each_attempt()
     t.see([{"id": "j", "state": "running", "attempt": 1}])  # a coordinator's lagging soft view
     assert t.states == {"j": "succeeded"}
     assert t.plans == {("j", 1): {"step_time_s": 1.0}}
+
+
+def test_both_sides_start_from_the_calibrated_restart_cost() -> None:
+    """The live coordinators are seeded with the calibration's resumed start and handover
+    (``[jobs] restart_start_s``/``restart_stop_s``), and the simulated policy is told the same:
+    each job's restart cost and its stop cost."""
+    model = bl.model_from({"start_s": 8.0, "load_s": 2.0, "finish_s": 1.0, "handover_s": 3.0})
+    assert bl.restart_told(model) == (10.0, 3.0)
+    toml = bl.jobs_toml("frenzy", 20.0, bl.restart_told(model))
+    assert "restart_start_s = 10.000\n" in toml
+    assert "restart_stop_s = 3.000\n" in toml
+    assert "restart_start_s" not in bl.jobs_toml("fifo", 20.0, None)
+    job = bl.LiveJob("j", 0.0, "gpt2", 1024, 16, "none", 10, 1, 0.0)
+    (sim,) = bl.sim_jobs([job], model)
+    assert sim.speed.restart_cost_s == 10.0
+    assert bl.sim_jobs([job], PreemptionModel())[0].speed == bl.live_view(job).speed  # uncalibrated
+    seen: list[float] = []
+
+    class Watch:
+        name = "watch"
+        round_s: float | None = None
+
+        def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
+            seen.extend(j.stop_cost_s for j in snapshot.queued)
+            return Decision()
+
+    simulate(Watch(), [sim], bl.cluster(), seed=0, clock=time.perf_counter, preemption=model, max_time_s=5.0)
+    assert seen
+    assert set(seen) == {3.0}  # the handover, as the live coordinator's restart_stop_s
+
+
+def test_the_stop_cost_shown_to_policies_is_what_a_stop_adds() -> None:
+    m = PreemptionModel()
+    assert m.shown_stop_s(10**8) == m.write_s(10**8) > 0  # save on stop: the write
+    assert PreemptionModel(save_on_stop=False).shown_stop_s(10**8) == 0.0  # periodic: nothing more
+    assert PreemptionModel(charge=False).shown_stop_s(10**8) == 0.0
+    assert LOOPBACK_STAND_IN.shown_stop_s(10**8) == LOOPBACK_STAND_IN.handover_s
