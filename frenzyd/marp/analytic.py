@@ -10,6 +10,8 @@ it.  Pure and cheap: a handful of arithmetic per call, no world building.
 
 from __future__ import annotations
 
+import functools
+import heapq
 from dataclasses import dataclass
 
 from frenzyd.marp import model as M
@@ -78,23 +80,30 @@ def predict(
     forces the attention kernel (as ``torch.nn.attention.sdpa_kernel`` does);
     by default the one torch selects on ``device`` is modelled.  ``per_rank``
     evaluates every pipeline stage (not only the first and last, the extremes)
-    and fills ``rank_peaks`` with one peak per rank of the plan.
+    and fills ``rank_peaks`` with one peak per rank of the plan, in the trainer's
+    mesh order ``(pp, dp, tp)``: rank ``r`` is stage ``r // (dp * tp)``, data-
+    parallel rank ``r // tp % dp``.  The ranks of a stage differ only under
+    ZeRO-1, whose partition of the optimizer state is uneven (see
+    :func:`_zero1_partition`); the worst one is the peak.
     """
     if check:
         validate(model, setup)
     best: tuple[int, Phase, Breakdown] | None = None
     phases: dict[str, int] = {}
-    stage_peaks: list[int] = []
+    stage_peaks: list[int] = []  # per (stage, data-parallel rank) evaluated, in mesh order
+    uneven = per_rank and setup.zero == 1 and setup.dp > 1
     for stage in range(setup.pp) if per_rank else _stages(setup.pp):
-        stage_peak = 0
-        for phase, bd in _stage_phases(model, setup, constants, device, stage, sdpa_backend=sdpa_backend):
-            total = bd.total
-            stage_peak = max(stage_peak, total)
-            if total > phases.get(phase, -1):
-                phases[phase] = total
-            if best is None or total > best[0]:
-                best = (total, phase, bd)
-        stage_peaks.append(stage_peak)
+        for dp_rank in range(setup.dp) if uneven else (None,):
+            stage_peak = 0
+            for phase, bd in _stage_phases(model, setup, constants, device, stage, sdpa_backend=sdpa_backend,
+                                           dp_rank=dp_rank):
+                total = bd.total
+                stage_peak = max(stage_peak, total)
+                if total > phases.get(phase, -1):
+                    phases[phase] = total
+                if best is None or total > best[0]:
+                    best = (total, phase, bd)
+            stage_peaks.append(stage_peak)
     assert best is not None
     peak, phase, bd = best
     if constants.safety != 1.0:
@@ -106,8 +115,8 @@ def predict(
         stage_peaks = [int(v * constants.safety) for v in stage_peaks]
         stage_peaks[stage_peaks.index(max(stage_peaks))] = peak
     rank_peaks: tuple[int, ...] = ()
-    if per_rank:  # ranks of one stage are symmetric (dp replicas / shards, tp shards)
-        rank_peaks = tuple(v for v in stage_peaks for _ in range(setup.dp * setup.tp))
+    if per_rank:  # tp shards are symmetric; dp ranks too, unless ZeRO-1 (evaluated one by one)
+        rank_peaks = tuple(v for v in stage_peaks for _ in range(setup.tp * (1 if uneven else setup.dp)))
     return Prediction(
         model=model.name,
         params=M.param_count(model),
@@ -134,8 +143,11 @@ def _stage_phases(
     stage: int,
     *,
     sdpa_backend: AttnKernel | None = None,
+    dp_rank: int | None = None,
 ) -> list[tuple[Phase, Breakdown]]:
-    """The candidate peak moments of one pipeline stage, each as a Breakdown, tagged with its phase."""
+    """The candidate peak moments of one pipeline stage, each as a Breakdown, tagged with its phase.
+
+    ``dp_rank``: whose ZeRO-1 partition of the optimizer state (None: the largest one's)."""
     pb, ab, lb = _dtype_bytes(setup.dtype)
     gb = pb  # gradients take the parameter dtype
     fb = 2 if setup.dtype == "bf16-mixed" else ab  # FFN-width tensors: the linear outputs' dtype
@@ -156,9 +168,15 @@ def _stage_phases(
     final_norm = spec.hidden * (2 if spec.norm == "layernorm" else 1) if last else 0
     lm_head = spec.vocab * spec.hidden if last and not tied_here else 0
     n_params = emb + layers * lp + final_norm + lm_head
-    opt_bytes = _ceil_div(n_params, dp if zero >= 1 else 1) * pb * (2 if setup.optimizer == "adamw" else 1)
+    state_params = _ceil_div(n_params, dp if zero >= 1 else 1)
+    state_tensors = _param_tensors_stage(spec, layers, first, last, pp)
+    if zero == 1 and dp > 1:  # ZeroRedundancyOptimizer's partition: whole tensors, unevenly
+        parts = _zero1_partition(tuple(_layer_tensor_sizes(spec, tp)), layers,
+                                 tuple(_outer_tensor_sizes(spec, first, last, pp)), dp)
+        state_params, state_tensors = parts[dp_rank] if dp_rank is not None else max(parts)
+    opt_bytes = state_params * pb * (2 if setup.optimizer == "adamw" else 1)
     if setup.optimizer == "adamw":
-        opt_bytes += _param_tensors_stage(spec, layers, first, last, pp) * 4  # fused AdamW step scalars
+        opt_bytes += state_tensors * 4  # fused AdamW step scalars
     params = _ceil_div(n_params, dp if fsdp else 1) * pb
     if spec.family == "llama":
         params += 2 * (spec.head_dim // 2) * 4  # rotary inv_freq buffers (float32, two copies)
@@ -223,6 +241,9 @@ def _stage_phases(
     # autocast's weight cache (CUDA and, in torch 2.13, CPU too) keeps a bf16 copy of every linear
     # weight until the forward ends; without recompute those copies are saved for backward anyway.
     cache = layers * lbytes.weight_copies if setup.dtype == "bf16-mixed" and recompute else 0
+    # 1F1B's last stage: the schedule keeps a micro-batch's output (its logits, in their dtype) from its
+    # forward until its backward has run (PipelineStage's forward cache); the plain step drops them
+    kept_out = lb * setup.micro_batch * s * spec.vocab if pp > 1 and last else 0
 
     # --- ZeRO-2/3 (FSDP2): unsharded parameters in flight ---------------------------------------
     root = (emb + final_norm + lm_head) * pb  # the root group is never resharded after forward
@@ -302,6 +323,10 @@ def _stage_phases(
         logits = sb * spec.vocab
         loss_act = stage_act + post + 4 * logits
         fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
+        if pp > 1 and lb == 4:
+            # the pipeline's loss (trainer.parallel.causal_lm_loss) shifts the logits, not the labels:
+            # float32 logits[:, :-1] are copied by the reshape (a float32 copy of bf16 ones is made anyway)
+            fwd_side += 4 * setup.micro_batch * (s - 1) * spec.vocab
         out.append(
             (
                 "loss",
@@ -318,7 +343,11 @@ def _stage_phases(
             (
                 "loss",
                 Breakdown(
-                    params + gathered_loss + stage_wc, grads_early, opt_bytes, loss_act - stage_wc, 8 * logits
+                    params + gathered_loss + stage_wc,
+                    grads_early,
+                    opt_bytes,
+                    loss_act + kept_out - stage_wc,
+                    8 * logits,
                 ),
             )
         )
@@ -333,7 +362,7 @@ def _stage_phases(
                     params + gathered_loss + stage_wc,
                     grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
                     opt_bytes,
-                    stage_act + post - stage_wc,
+                    stage_act + post + kept_out - stage_wc,
                     temp,
                 ),
             )
@@ -347,7 +376,7 @@ def _stage_phases(
                 params + gathered_all + stage_wc,
                 grads_at(head_g + layer_g) + head_pending,
                 opt_bytes,
-                stage_act - stage_wc,
+                stage_act + kept_out - stage_wc,
                 bwd_temp + rs_buffer,
             ),
         )
@@ -359,7 +388,7 @@ def _stage_phases(
                 params + gathered_last + others_wc + wc,
                 grads_at(head_g + layers * layer_g) + head_pending,
                 opt_bytes,
-                others + pre + kept_layer - others_wc - wc,
+                others + pre + kept_layer + kept_out - others_wc - wc,
                 bwd_temp + rs_buffer,
             ),
         )
@@ -438,6 +467,57 @@ def _layer_buffers_tp(spec: ModelSpec, tp: int) -> int:
     if tp == 1 or spec.family != "gpt2":
         return 0
     return 8 * ((spec.heads + 2 * spec.kv_heads) * spec.head_dim + spec.ffn) // tp
+
+
+def _layer_tensor_sizes(spec: ModelSpec, tp: int) -> list[int]:
+    """The parameter tensors of one decoder layer on a tensor-parallel rank, as the trainer holds them
+    (their sum is :func:`_layer_params_tp`)."""
+    h, q, kv, f = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.ffn
+    norms = [h] * (4 if spec.norm == "layernorm" else 2)
+    if spec.family == "gpt2":  # Conv1D: fused c_attn; TPConv1D keeps the biases full
+        return [h * 3 * q // tp, 3 * q, q * h // tp, h, h * f // tp, f, f * h // tp, h, *norms]
+    out = [h * q // tp, h * kv // tp, h * kv // tp, q * h // tp]
+    if spec.qkv_bias:
+        out += [q // tp, kv // tp, kv // tp]
+    if spec.o_bias:
+        out.append(h)
+    out += [h * f // tp] * (3 if spec.gated_mlp else 2)
+    if spec.mlp_bias:
+        out += [f // tp] * (2 if spec.gated_mlp else 1) + [h]
+    return out + norms
+
+
+def _outer_tensor_sizes(spec: ModelSpec, first: bool, last: bool, pp: int) -> list[int]:
+    """A stage's parameter tensors outside its decoder layers: embeddings (first), final norm, head (last)."""
+    out: list[int] = []
+    if first:
+        out.append(spec.vocab * spec.hidden)
+        if spec.learned_positions:
+            out.append(spec.max_positions * spec.hidden)
+    if last:
+        out += [spec.hidden] * (2 if spec.norm == "layernorm" else 1)
+        if not (spec.tied_embeddings and pp == 1):
+            out.append(spec.vocab * spec.hidden)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _zero1_partition(
+    layer: tuple[int, ...], layers: int, outer: tuple[int, ...], dp: int
+) -> tuple[tuple[int, int], ...]:
+    """(parameters, tensors) of each data-parallel rank's ZeRO-1 partition of a stage whose tensors are
+    ``layer`` x ``layers`` and ``outer``: torch's ``ZeroRedundancyOptimizer`` gives whole tensors, largest
+    first, to the rank holding the fewest parameters so far (the lowest rank on a tie).  A stage with one
+    large table (the first stage's embedding, the last's head) puts it on one rank.  Cached: the planner
+    asks again for every micro-batch it tries."""
+    heap = [(0, r) for r in range(dp)]
+    counts = [0] * dp
+    for n in sorted(list(layer) * layers + list(outer), reverse=True):
+        total, r = heapq.heappop(heap)
+        counts[r] += 1
+        heapq.heappush(heap, (total + n, r))
+    held = {r: total for total, r in heap}
+    return tuple((held[r], counts[r]) for r in range(dp))
 
 
 def _largest_linear(spec: ModelSpec, tp: int) -> int:
