@@ -36,6 +36,7 @@ paid about 90 s per preemption, not 30).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import math
@@ -106,30 +107,68 @@ def offers_from_reports(
     peers: Mapping[str, Mapping[str, Any]], reserved: Container[str] = ()
 ) -> list[PeerOffer]:
     """The live peers' heartbeat reports as offers; GPUs in ``reserved`` (placements in flight) and
-    malformed entries are not available."""
+    malformed entries are not available.
+
+    A GPU (and a peer) whose reported fields are what they were on the last call gets the same
+    ``OfferedGpu`` (``PeerOffer``) object back instead of a new one (``_OFFERED``, ``_OFFERS``): in a
+    busy pool most GPUs are leased and report the same figures heartbeat after heartbeat."""
     offers = []
     for nid, rep in sorted(peers.items()):
         gpus = []
         for g in rep.get("gpus") or ():
             try:
-                gpus.append(OfferedGpu(
-                    uuid=str(g["uuid"]), index=int(g["index"]), type=str(g["type"]),
-                    memory_bytes=int(g["memory_bytes"]), free_bytes=int(g["free_bytes"]),
-                    simulated=bool(g.get("simulated")),
-                    available=bool(g.get("offered")) and g.get("leased_to") is None
-                    and str(g["uuid"]) not in reserved,
-                ))
-            except (KeyError, TypeError, ValueError):
+                gpus.append(_offered_gpu(g, reserved))
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         la = rep.get("launcher")
         if _slots_full(la):  # every slot account busy: a launch there would be refused
             gpus = [replace(g, available=False) for g in gpus]
         only = la.get("only_jobs_of") if isinstance(la, Mapping) else None
-        offers.append(PeerOffer(nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
-                                str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
-                                trainer_only=isinstance(la, Mapping) and la.get("accept") == "trainer-only",
-                                only_jobs_of=only if isinstance(only, str) and only else None))
+        fields = (nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
+                  str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
+                  isinstance(la, Mapping) and la.get("accept") == "trainer-only",
+                  only if isinstance(only, str) and only else None)
+        kept = _OFFERS.get(nid)
+        if kept is not None and kept[0] == fields:  # GPUs compared by identity first: cheap
+            offers.append(kept[1])
+            continue
+        offer = PeerOffer(*fields[:6], trainer_only=fields[6], only_jobs_of=fields[7])
+        if len(_OFFERS) >= OFFERS_KEPT:
+            _OFFERS.clear()
+        _OFFERS[nid] = (fields, offer)
+        offers.append(offer)
     return offers
+
+
+OFFERS_KEPT = 16384
+"""Peers (``_OFFERS``) and 4x as many GPUs (``_OFFERED``) whose last offer is kept for reuse."""
+_OFFERS: dict[str, tuple[tuple[Any, ...], PeerOffer]] = {}
+_OFFERED: dict[str, tuple[tuple[Any, ...], OfferedGpu]] = {}
+
+
+def _offered_gpu(g: Mapping[str, Any], reserved: Container[str]) -> OfferedGpu:
+    """One reported GPU as an offer (the last call's object when every field is the same);
+    ``KeyError``/``TypeError``/``ValueError``/``AttributeError`` for a malformed entry."""
+    uuid, index, gtype, mem, free = g["uuid"], g["index"], g["type"], g["memory_bytes"], g["free_bytes"]
+    simulated, offered, leased = g.get("simulated"), g.get("offered"), g.get("leased_to")
+    exact = type(uuid) is str and type(index) is int and type(gtype) is str and type(mem) is int \
+        and type(free) is int  # equal values of other types may convert differently: not kept
+    if exact:
+        available = bool(offered) and leased is None and uuid not in reserved
+        raw = (index, gtype, mem, free, bool(simulated), available)
+        kept = _OFFERED.get(uuid)
+        if kept is not None and kept[0] == raw:
+            return kept[1]
+        og = OfferedGpu(uuid, index, gtype, mem, free, raw[4], available)
+        if len(_OFFERED) >= 4 * OFFERS_KEPT:
+            _OFFERED.clear()
+        _OFFERED[uuid] = (raw, og)
+        return og
+    return OfferedGpu(
+        uuid=str(uuid), index=int(index), type=str(gtype), memory_bytes=int(mem), free_bytes=int(free),
+        simulated=bool(simulated),
+        available=bool(offered) and leased is None and str(uuid) not in reserved,
+    )
 
 
 def _slots_full(launcher: Any) -> bool:
@@ -211,8 +250,13 @@ def versions_match(spec: JobSpec, peer: PeerOffer) -> bool:
     ) and (spec.trainer or not peer.trainer_only)
 
 
+@functools.lru_cache(maxsize=256)
 def _py_minor(v: str) -> str:
     return ".".join(v.split(".")[:2])
+
+
+_is_mig = functools.lru_cache(maxsize=256)(is_mig_type)
+"""``is_mig_type`` (a regular expression) remembered per type name: asked per GPU per placement."""
 
 
 def _speed(gpu_type: str) -> float:
@@ -259,11 +303,11 @@ def _place_ranks(spec: JobSpec, offers: Sequence[PeerOffer]) -> Placement | None
     need, mem = spec.nproc, spec.mem_per_rank
 
     def fits(g: OfferedGpu) -> bool:  # MIG instances only for one-rank jobs (see _pools_of)
-        return g.memory_bytes >= mem and (need == 1 or not is_mig_type(g.type))
+        return g.memory_bytes >= mem and (need == 1 or not _is_mig(g.type))
 
     ever = sum(1 for p in offers for g in p.gpus if fits(g))
     if ever < need:
-        mig = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem and is_mig_type(g.type))
+        mig = sum(1 for p in offers for g in p.gpus if g.memory_bytes >= mem and _is_mig(g.type))
         also = (f" ({mig} MIG instance(s) are left out: a MIG instance runs one-rank jobs only)"
                 if mig and need > 1 else "")
         raise InfeasibleError(
@@ -438,7 +482,8 @@ def _pack(
 
     chosen: list[tuple[PeerOffer, list[OfferedGpu]]] = []
     left = need
-    for p in sorted(offers, key=key):
+    usable = [p for p in offers if len(groups[p.node_id]) >= group]  # the others take nothing
+    for p in sorted(usable, key=key):
         gs = sorted(groups[p.node_id], key=lambda g: (-_speed(g.type), g.index))
         take = min(left, len(gs) - len(gs) % group)
         if take <= 0:
@@ -745,11 +790,8 @@ class _Derived:
     restart_key: str | None
     fastest: float
     """The fastest packed step time of ``plans`` (0.0: none)."""
-
-    @property
-    def default_restart_s(self) -> float:
-        """``has.speed``'s restart cost of the job (when the pool has measured none)."""
-        return JobSpeed(params=self.params, flops_per_step=self.flops).restart_cost_s
+    default_restart_s: float
+    """``has.speed``'s restart cost of the job (when the pool has measured none)."""
 
 
 _KNOWN: dict[str, _Derived] = {}
@@ -759,6 +801,14 @@ _GROUPS: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 class _NotPlanned(Exception):  # a signal inside the pass, never raised out of it
     """A model job's MARP plans are not cached and the pass may not compute them."""
+
+
+def forget_jobs() -> None:
+    """Drop what passes kept per job (``_Derived`` and HAS views): the state of a fresh coordinator
+    process (benchmarks measure a cold pass with it; never needed for correctness)."""
+    _KNOWN.clear()
+    _VIEWS.clear()
+    _GROUPS.clear()
 
 
 def _keep(cache: dict[str, Any], key: str, value: Any) -> None:
@@ -778,8 +828,21 @@ def _group_key(vk: tuple[str, str], matching: Sequence[PeerOffer]) -> tuple[Any,
     as the last pass's when equal to it, so a job's kept ``_Derived`` is checked by identity."""
     per: dict[str, list[Any]] = {}
     for p in matching:
+        gs = p.gpus
+        if not gs:
+            continue
+        t = gs[0].type
+        if all(g.type == t for g in gs):  # a workstation of one GPU type: the common case, in builtins
+            mem = [g.memory_bytes for g in gs]
+            lo, hi, n, sim = min(mem), max(mem), len(gs), any(g.simulated for g in gs)
+            row = per.get(t)
+            if row is None:
+                per[t] = [n, lo, hi, n, sim]
+            else:
+                row[:] = [row[0] + n, min(row[1], lo), max(row[2], hi), max(row[3], n), row[4] or sim]
+            continue
         mine: dict[str, int] = {}
-        for g in p.gpus:
+        for g in gs:
             row = per.get(g.type)
             if row is None:
                 per[g.type] = [1, g.memory_bytes, g.memory_bytes, 0, g.simulated]
@@ -849,7 +912,8 @@ def _derive(spec: JobSpec, matching: Sequence[PeerOffer], *, headroom: float, jo
             while len(_HAS_PLANS) > 4096:
                 del _HAS_PLANS[next(iter(_HAS_PLANS))]
     derived = _Derived(spec, group, headroom, has_plans, tuple(cands), params, max(flops, 1.0),
-                       restart_key(spec), min((p.step_time_s for p in has_plans), default=0.0))
+                       restart_key(spec), min((p.step_time_s for p in has_plans), default=0.0),
+                       JobSpeed(params=params, flops_per_step=max(flops, 1.0)).restart_cost_s)
     if job_id is not None and group is not None:
         _keep(_KNOWN, job_id, derived)
     return derived
@@ -1065,11 +1129,13 @@ def schedule(
     placed = {j for j, _ in start} | {j for j, _ in pending} | {j for j, _ in infeasible}
     rest: list[PeerOffer] | None = None
     free_now: list[int] = []
+    at: dict[str, int] = {}
     for q in queue:
         if q.job_id in placed or _is_model(q.spec):
             continue
         if rest is None:
             rest = [_without(p, taken) for p in offers]
+            at = {p.node_id: i for i, p in enumerate(rest)}
             # every version's GPUs: an upper bound of what place() may take, so a skip is safe
             free_now = sorted(g.free_bytes for p in rest for g in p.gpus if g.available)
         if len(free_now) - bisect.bisect_left(free_now, q.spec.mem_per_rank or 0) < (q.spec.nproc or 1):
@@ -1077,10 +1143,14 @@ def schedule(
         bar = barred(q.job_id)
         mixed = place(q.spec, [p for p in rest if p.node_id not in bar], headroom=headroom)
         if mixed is not None:
-            rest = None
             mixed = replace(mixed, plan=replace(mixed.plan, policy="packing (mixed GPU types)"))
             taken.update(r.gpu for r in mixed.ranks)
             start.append((q.job_id, mixed))
+            for nid in {r.peer for r in mixed.ranks}:  # those peers' GPUs it took are not free now
+                for g in rest[at[nid]].gpus:
+                    if g.uuid in taken and g.available:
+                        del free_now[bisect.bisect_left(free_now, g.free_bytes)]
+                rest[at[nid]] = _without(rest[at[nid]], taken)
     # Model jobs HAS put on a barred peer: MARP's best plan on the free GPUs of the others.
     placed = {j for j, _ in start} | {j for j, _ in pending}
     for job_id in dict.fromkeys(rerouted):

@@ -165,3 +165,35 @@ def test_kept_views_follow_work_and_restart_costs() -> None:
     schedule([replace(queue[0], done_steps=40)], OFFERS, now_s=3.0, policy=Spy(), restart=costs)
     assert seen[3] is not seen[2]
     assert seen[3].speed.restart_cost_s == costs.start_s  # type: ignore[attr-defined]
+
+
+def _report(free: int = 20 * GIB, leased: str | None = None, offered: bool = True) -> dict[str, object]:
+    return {"python": "3.11.7", "torch": "2.13.0", "name": "ws", "address": "10.0.0.1:7470",
+            "gpus": [{"uuid": "GPU-a", "index": 0, "type": "RTX-3090", "memory_bytes": 24 * GIB,
+                      "free_bytes": free, "simulated": False, "offered": offered, "leased_to": leased},
+                     {"uuid": "GPU-b", "index": 1, "type": "RTX-3090", "memory_bytes": 24 * GIB,
+                      "free_bytes": 0, "simulated": False, "offered": True, "leased_to": "j"}]}
+
+
+def test_an_unchanged_report_gives_the_same_offer_and_a_changed_one_a_new_one() -> None:
+    from frenzyd.jobs.placement import offers_from_reports
+
+    (first,) = offers_from_reports({"n1": _report()})
+    (again,) = offers_from_reports({"n1": _report()})  # a new dict with the same figures
+    assert again is first
+    # Free memory moves on one GPU: that GPU is new, the other is the same object.
+    (moved,) = offers_from_reports({"n1": _report(free=20 * GIB - (3 << 20))})
+    assert moved is not first
+    assert moved.gpus[0].free_bytes == 20 * GIB - (3 << 20)
+    assert moved.gpus[1] is first.gpus[1]
+    # Leased, withdrawn by the owner, or reserved by a placement in flight: no longer available.
+    assert not offers_from_reports({"n1": _report(leased="k")})[0].gpus[0].available
+    assert not offers_from_reports({"n1": _report(offered=False)})[0].gpus[0].available
+    assert not offers_from_reports({"n1": _report()}, {"GPU-a"})[0].gpus[0].available
+    assert offers_from_reports({"n1": _report()})[0].gpus[0].available
+    # A figure of another type converts as before (an int-valued float is not kept as the int).
+    odd = _report()
+    odd["gpus"][0]["index"] = 0.0  # type: ignore[index]
+    assert offers_from_reports({"n1": odd})[0].gpus[0].index == 0
+    renamed = {**_report(), "name": "ws-2"}
+    assert offers_from_reports({"n1": renamed})[0].name == "ws-2"
