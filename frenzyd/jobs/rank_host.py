@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -50,6 +51,8 @@ from frenzyd.jobs.model import (
 )
 from frenzyd.jobs.outbox import MAX_CHECKPOINT_TRIES, Outbox, OutboxEntry, delivery_timeout_s, timed_out
 
+FETCH_TRIES = 3
+"""Times a launch asks a slow submitter for one chunk of its payload or checkpoint before it fails."""
 OUTPUT_DRAIN_S = 30.0
 """Longest an exit report waits for the attempt's remaining output to be delivered."""
 MAX_DELIVERY_BACKOFF_S = 60.0
@@ -61,6 +64,11 @@ a core.  Timing the packing alone let the submitter's merge (unpack and repack, 
 run beside the ranks; on a one-node pool it is their own node."""
 
 log = logging.getLogger(__name__)
+
+
+def fetch_timeout_s(nbytes: int) -> float:
+    """How long a launch waits for a chunk of ``nbytes`` it fetched: sized by the chunk."""
+    return delivery_timeout_s(nbytes)
 
 
 def _pythonpath() -> str:
@@ -349,14 +357,27 @@ class RankHostRole:
         return rank_command(rec.spec, plan, run_dir, work, self.stop_grace_s(),
                             all_ranks_here=here)
 
+    async def _fetch(self, rec: JobRecord, fetch: PayloadFetch) -> dict[str, Any]:
+        """One chunk of the job's payload or checkpoint from its submitter: the wait sized by the
+        chunk (``delivery_timeout_s``), and a submitter that is only slow (busy packing, loaded) asked
+        again, up to ``FETCH_TRIES`` times, before the launch fails and costs the job an attempt."""
+        for tries in itertools.count(1):
+            try:
+                return await self.ctx.send(rec.submitter, fetch, fetch_timeout_s(fetch.length))
+            except (FrenzyError, OSError) as exc:
+                if tries >= FETCH_TRIES or not timed_out(exc):
+                    raise
+                log.info("job %s [attempt %d]: the submitter did not answer a %s fetch in time (%s); "
+                         "asking again", rec.id, rec.attempt, fetch.what, exc)
+        raise AssertionError("unreachable")
+
     async def _fetch_payload(self, rec: JobRecord) -> bytes:
         size = rec.spec.payload_size
         if size > self.max_payload_bytes:
             raise LaunchError(f"payload of {size} bytes exceeds this node's cap {self.max_payload_bytes}")
         buf = bytearray()
         while len(buf) < size:
-            fetch = PayloadFetch(rec.id, rec.attempt, len(buf), CHUNK)
-            reply = await self.ctx.send(rec.submitter, fetch, SEND_TIMEOUT_S)
+            reply = await self._fetch(rec, PayloadFetch(rec.id, rec.attempt, len(buf), CHUNK))
             data = reply.get("data")
             if not isinstance(data, bytes) or not data:
                 raise LaunchError("the submitter sent no payload bytes")
@@ -674,7 +695,7 @@ class RankHostRole:
         total, sha = 1, ""
         while len(buf) < total:
             fetch = PayloadFetch(rec.id, rec.attempt, len(buf), CHUNK, what="checkpoint")
-            reply = await self.ctx.send(rec.submitter, fetch, SEND_TIMEOUT_S)
+            reply = await self._fetch(rec, fetch)
             said, sha, data = reply.get("total"), str(reply.get("sha256") or ""), reply.get("data")
             if not isinstance(said, int) or said <= 0:
                 return None
