@@ -170,7 +170,11 @@ def rank_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default with several ranks per node
+    # torchrun sets 1 only with several ranks per node and leaves a lone rank at torch's default (a
+    # thread per core).  A pool node is shared, so every rank gets 1 unless the daemon's environment
+    # says otherwise: tiny-llama alone on the 2-core machine at load 17-30 ran 67 tokens/s with
+    # torch's 2 threads and 365-402 with 1 (OpenMP threads waiting on each other for a core).
+    env.setdefault("OMP_NUM_THREADS", "1")
     if spec.socket_ifname:
         env["GLOO_SOCKET_IFNAME"] = spec.socket_ifname
         env["NCCL_SOCKET_IFNAME"] = spec.socket_ifname

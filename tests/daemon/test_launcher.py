@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frenzyd.errors import LaunchError
-from frenzyd.node.launcher import Launcher, RankSpec, collect_results, pack_dir, unpack
+from frenzyd.node.launcher import Launcher, RankSpec, collect_results, pack_dir, rank_env, unpack
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP_TINY = ROOT / "frenzyd" / "examples" / "ddp_tiny.py"
@@ -357,6 +357,19 @@ def test_pack_unpack_round_trip(tmp_path: Path) -> None:
     src_bytes = (tmp_path / "src" / "pkg" / "data.bin").read_bytes()
     assert (tmp_path / "dst" / "pkg" / "data.bin").read_bytes() == src_bytes
     assert not (tmp_path / "dst" / "link").exists()
+
+
+@pytest.mark.parametrize(("local", "base", "want"), [
+    (1, {}, "1"),  # torchrun --nproc-per-node 1 leaves it unset; a shared node's lone rank gets 1
+    (2, {}, "1"),  # several ranks on one node: one thread each, as torchrun sets
+    (1, {"OMP_NUM_THREADS": "3"}, "3"),  # the daemon's own setting reaches its ranks (ENV_ALLOW)
+    (4, {"OMP_NUM_THREADS": "3"}, "3"),
+])
+def test_rank_threads(local: int, base: dict[str, str], want: str) -> None:
+    spec = RankSpec(job_id="j", rank=0, local_rank=0, world_size=local, local_world_size=local,
+                    master_addr="127.0.0.1", master_port=29500, gpu_indices=(0,), argv=["x"],
+                    workdir=Path("/tmp"), output_dir=Path("/tmp"))
+    assert rank_env(spec, base=base).get("OMP_NUM_THREADS") == want
 
 
 def test_a_rank_hosts_archives_are_stored_not_deflated(tmp_path: Path) -> None:
