@@ -17,13 +17,27 @@ Per repetition and side:
   run has enough steps that these exclude the first step and the memory
   window), the same trainer code on both sides;
 * ``submit_to_summary_s``: from starting ``frenzy-client run`` (or torchrun)
-  to its exit, the summary written.
+  to its exit, the summary written;
+* ``launched_cpu_s``: CPU seconds of the processes each side launched, once
+  reaped: for the pool, what the daemon's children used (ranks, their exec
+  wrapper, rendezvous store, lease supervisor: ``/proc/PID/stat`` cutime +
+  cstime); for torchrun, the bench's children (the agent and its ranks);
+  ``daemon_cpu_s``: the daemon's own CPU meanwhile (its checkpoint copies,
+  output, heartbeats), and ``checkpoint_copies``: how many copies of the
+  job's checkpoint the daemon kept while it ran (its log);
+* ``load_start``/``load_end``: the 1-minute load average around the run.
+
+The machine is shared: with ``--max-load L`` each run waits (up to
+``--load-wait-s``) until the 1-minute load average is at most ``L``, so that
+both sides of a repetition start in similar conditions; the waits are
+recorded.
 
 Repetitions are interleaved, the order alternating (F T, T F, F T, ...); the
 first repetition's Frenzy run picks the plan.  Target: tokens/s >= 0.97 x
 torchrun's (ratio of the medians; also per repetition).
 
     python scripts/bench_trainer_overhead.py [--tiny] [--out PATH] [--reps N] [--steps N] [--gpus N]
+        [--max-load L --load-wait-s S]
 
 ``--tiny`` (CI) runs one repetition of 4 steps: its steps are too few for a
 steady state and too short for the 0.5 s rule, it only proves the path works.
@@ -34,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -78,17 +93,42 @@ def last_progress(lines: list[dict[str, Any]]) -> dict[str, Any]:
     return lines[-1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` itself (``/proc/PID/stat``; children not included)."""
+def cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds of process ``pid`` itself (``/proc/PID/stat``), or with ``children``
+    of its children that it has reaped (cutime + cstime)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_for_load(max_load: float | None, limit_s: float) -> float:
+    """Wait until the 1-minute load average is at most ``max_load`` (or ``limit_s`` passed); the
+    seconds waited."""
+    t0 = time.monotonic()
+    while max_load is not None and os.getloadavg()[0] > max_load and time.monotonic() - t0 < limit_s:
+        time.sleep(5.0)
+    return time.monotonic() - t0
+
+
+def checkpoint_copies(d: Daemon, job: str) -> int:
+    """Copies of ``job``'s checkpoint the daemon kept as its submitter (its log)."""
+    try:
+        text = d.log_path.read_text(errors="replace")
+    except OSError:
+        return 0
+    return sum(1 for ln in text.splitlines() if job in ln and "keeps the checkpoint" in ln)
 
 
 def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> dict[str, Any]:
     """One ``frenzy-client run --json``: its final object, steady tokens/s, wall time and the CPU
     seconds the daemon process itself spent meanwhile."""
     assert d.proc is not None
-    cpu0 = cpu_seconds(d.proc.pid)
+    cpu0, kids0 = cpu_seconds(d.proc.pid), cpu_seconds(d.proc.pid, children=True)
     res_dir = workdir / "results"
     cmd = [sys.executable, "-m", "frenzy_client", "run", "--daemon", d.address, *train, "--json",
            "--results-dir", str(res_dir)]
@@ -97,6 +137,7 @@ def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> di
                           check=False)
     wall = time.perf_counter() - t0
     daemon_cpu = cpu_seconds(d.proc.pid) - cpu0
+    launched_cpu = cpu_seconds(d.proc.pid, children=True) - kids0
     if proc.returncode != 0:
         raise RuntimeError(f"frenzy-client run exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}\n--- daemon log\n{d.log_tail(40)}")
@@ -112,6 +153,8 @@ def run_frenzy(d: Daemon, workdir: Path, train: list[str], timeout: float) -> di
         "summary_tokens_per_s": final.get("tokens_per_s"),
         "submit_to_summary_s": wall,
         "daemon_cpu_s": daemon_cpu,
+        "launched_cpu_s": launched_cpu,
+        "checkpoint_copies": checkpoint_copies(d, final["job"]),
         "job_wall_s": final.get("wall_s"),
         "queued_s": final.get("queued_s"),
         "steps_done": final.get("steps_done"),
@@ -134,10 +177,12 @@ def run_torchrun(plan: dict[str, Any], data: str, workdir: Path, threads: int,
              OMP_NUM_THREADS=str(threads), TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "frenzyd.trainer"]
+    kids0 = own_children_cpu_s()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=workdir, timeout=timeout,
                           check=False)
     wall = time.perf_counter() - t0
+    launched_cpu = own_children_cpu_s() - kids0
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
@@ -153,6 +198,7 @@ def run_torchrun(plan: dict[str, Any], data: str, workdir: Path, threads: int,
         "tokens_per_s": float(last_progress([s for s in steps if "tokens_per_s" in s])["tokens_per_s"]),
         "summary_tokens_per_s": summary.get("tokens_per_s"),
         "submit_to_summary_s": wall,
+        "launched_cpu_s": launched_cpu,
         "steps_done": summary.get("steps_done"),
         "loss_last": summary.get("loss_last"),
         "checkpoints": sorted(x.name for x in ck.iterdir()),
@@ -190,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global-batch", type=int, help="default 12 (--tiny: 2)")
     ap.add_argument("--checkpoint-every", type=int, help="default 5 (--tiny: 2)")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "bf16-mixed"), help="default fp32")
+    ap.add_argument("--max-load", type=float,
+                    help="wait before each run until the 1-minute load average is at most L (default: none)")
+    ap.add_argument("--load-wait-s", type=float, default=300.0,
+                    help="longest wait for --max-load before a run starts anyway (default 300)")
     args = ap.parse_args(argv)
     reps = args.reps if args.reps is not None else (1 if args.tiny else 5)
     steps = args.steps if args.steps is not None else (4 if args.tiny else 16)
@@ -215,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             for side in order:
                 wd = base / f"rep{rep}-{side}"
                 wd.mkdir()
+                waited = wait_for_load(args.max_load, args.load_wait_s)
+                load0 = os.getloadavg()[0]
                 if side == "frenzy":
                     r = run_frenzy(d, wd, train, timeout)
                     if plan is None:
@@ -227,12 +279,16 @@ def main(argv: list[str] | None = None) -> int:
                     assert plan is not None
                     r = run_torchrun(plan, str(data), wd, args.threads, timeout)
                 step_s = g * seq / r["tokens_per_s"]
-                r.update(rep=rep, side=side, step_s=step_s, loadavg_1m=os.getloadavg()[0])
+                load1 = os.getloadavg()[0]
+                r.update(rep=rep, side=side, step_s=step_s, loadavg_1m=load1, load_start=load0,
+                         load_end=load1, load_wait_s=waited)
                 runs.append(r)
-                extra = f"  daemon CPU {r['daemon_cpu_s']:5.1f} s" if side == "frenzy" else ""
+                extra = f"  daemon CPU {r['daemon_cpu_s']:5.1f} s, {r['checkpoint_copies']} copies" \
+                    if side == "frenzy" else ""
                 print(f"  rep {rep} {side:8s} {r['tokens_per_s']:9.1f} tokens/s  step {step_s:5.2f} s  "
                       f"submit->summary {r['submit_to_summary_s']:6.1f} s  "
-                      f"load {r['loadavg_1m']:5.1f}{extra}", flush=True)
+                      f"ranks CPU {r['launched_cpu_s']:5.1f} s  "
+                      f"load {load0:5.1f} -> {load1:5.1f}{extra}", flush=True)
                 shutil.rmtree(wd / "results" / "model", ignore_errors=True)
                 shutil.rmtree(wd / "output" / "model", ignore_errors=True)
     finally:
@@ -247,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     paired = [f / t for f, t in zip(f_tps, t_tps, strict=True)]
     ratio = statistics.median(f_tps) / statistics.median(t_tps)
     step_min = min(float(r["step_s"]) for r in runs)
-    loads = [float(r["loadavg_1m"]) for r in runs]
+    loads = [float(r[k]) for r in runs for k in ("load_start", "load_end")]
     summ = {
         "tokens_per_s_ratio_of_medians": ratio,
         "tokens_per_s_ratio_per_rep": paired,
@@ -257,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         "torchrun_submit_to_summary_s_median": statistics.median(t_wall),
         "submit_to_summary_extra_s_median": statistics.median(f_wall) - statistics.median(t_wall),
         "daemon_cpu_s_median": statistics.median(side("frenzy", "daemon_cpu_s")),
+        "frenzy_launched_cpu_s_median": statistics.median(side("frenzy", "launched_cpu_s")),
+        "torchrun_launched_cpu_s_median": statistics.median(side("torchrun", "launched_cpu_s")),
+        "checkpoint_copies_median": statistics.median(side("frenzy", "checkpoint_copies")),
+        "load_waited_s": sum(float(r["load_wait_s"]) for r in runs),
         "loadavg_1m_range": [min(loads), max(loads)],
         "shortest_step_s": step_min,
         "steps_long_enough": step_min >= MIN_STEP_S,
@@ -275,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'submit -> summary s':24s} {statistics.median(f_wall):18.1f} {statistics.median(t_wall):12.1f} "
           f"{statistics.median(f_wall) / statistics.median(t_wall):7.3f}")
     print(f"per-repetition tokens/s ratios: {', '.join(f'{x:.3f}' for x in paired)}")
-    print(f"daemon CPU per job (median): {summ['daemon_cpu_s_median']:.1f} s; 1-minute load average during "
-          f"the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
+    print(f"{'launched CPU s (median)':24s} {summ['frenzy_launched_cpu_s_median']:18.1f} "
+          f"{summ['torchrun_launched_cpu_s_median']:12.1f}")
+    print(f"daemon CPU per job (median): {summ['daemon_cpu_s_median']:.1f} s, checkpoint copies "
+          f"{summ['checkpoint_copies_median']:g}; 1-minute load average around the runs: "
+          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs"
+          + (f" (waited {summ['load_waited_s']:.0f} s for load <= {args.max_load:g})"
+             if args.max_load is not None else ""))
     long_enough = ">=" if summ["steps_long_enough"] else "UNDER"
     print(f"shortest step {step_min:.2f} s ({long_enough} {MIN_STEP_S} s); "
           f"target tokens/s >= {TARGET_RATIO} x torchrun: {'met' if summ['target_met'] else 'NOT met'}")
@@ -286,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "config": {"model": args.model, "seq_len": seq, "global_batch": g, "steps": steps,
                        "checkpoint_every": ck_every, "dtype": args.dtype, "gpus": args.gpus,
-                       "gpu_type": GPU_TYPE, "threads": args.threads, "reps": reps, "tiny": args.tiny},
+                       "gpu_type": GPU_TYPE, "threads": args.threads, "reps": reps, "tiny": args.tiny,
+                       "max_load": args.max_load, "load_wait_s": args.load_wait_s},
             "plan": plan,
             "summary": summ,
             "runs": [{k: v for k, v in r.items() if k != "trainer_plan"} for r in runs],
