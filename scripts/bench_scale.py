@@ -17,8 +17,18 @@ running jobs finish at random (their GPUs free again) and the queue is topped up
 (started, or withdrawn at random) until at least ``--churn`` of it changed, and as many new jobs
 arrive.  The first pass runs on an empty plan cache and is reported apart (cold).
 
+Plans off the pass (as ``CoordinatorRole`` runs them): every job that arrives is admitted first,
+``placement.warm_plans`` over the last pass's offers (what the coordinator runs in a worker thread when
+a job is submitted), timed apart from the pass; the pass runs with ``plan_inline=False`` and leaves a
+job whose plans are not cached out (``Schedule.planning``, counted), to be warmed after it, as the
+coordinator does.  Reported apart: the admission cost of each job whose shape was new (median, p95,
+max), and the cold start: the first queue's admission on an empty plan cache, then the first pass (a
+fresh coordinator process: nothing kept from the pool's filling).  In the daemon the admissions run in
+a thread beside the event loop and the pass's thread, sharing one GIL: on one core their costs add.
+``--inline-plans``: the pass enumerates a new shape's plans itself (the coordinator before this).
+
 ``--no-cache`` runs the same passes with the plan cache off (every call enumerates MARP's plans
-afresh with ``plans.feasible_plans``): the coordinator as it was before the cache.
+afresh with ``plans.feasible_plans``; implies ``--inline-plans``): the coordinator before the cache.
 
 Membership (``--part membership``): ``--swim-members`` members, each a real SWIM core
 (``frenzyd.net.membership``) and its driver (``frenzyd.net.gossip``) exchanging real wire frames over
@@ -61,6 +71,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchmeta import provenance, write_results  # noqa: E402
 
+from frenzyd.errors import FrenzyError  # noqa: E402
 from frenzyd.gpu_types import GPU_TYPES  # noqa: E402
 from frenzyd.jobs import placement  # noqa: E402
 from frenzyd.jobs.model import JobSpec  # noqa: E402
@@ -353,34 +364,90 @@ class World:
         return left
 
 
+INLINE_OK = "plan_inline" in inspect.signature(schedule).parameters
+"""This checkout's pass can leave a job whose plans are not cached out (plans warmed at admission)."""
+
+
 def run_cell(members_n: int, queued_n: int, *, gpus: int, passes: int, churn: float, busy: float,
-             shapes: int, novel: float, seed: int, cache: bool, profile: bool) -> dict[str, Any]:
+             shapes: int, novel: float, seed: int, cache: bool, profile: bool,
+             inline: bool = False) -> dict[str, Any]:
     """``passes`` coordinator passes over one world, on a fresh plan cache (or none); the world is
     filled on a throwaway cache first."""
+    inline = inline or not cache or not INLINE_OK  # without a cache nothing can be warmed ahead
     if plan_cache is None:  # the coordinator before the plan cache
         if cache:
             raise SystemExit("this checkout has no frenzyd.marp.plan_cache: run it with --no-cache")
         world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
-        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
+        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus,
+                    inline=True)
     previous = plan_cache.set_default_cache(plan_cache.PlanCache())
     try:
         world = World.make(members_n, queued_n, gpus=gpus, busy=busy, shapes=shapes, novel=novel, seed=seed)
         plan_cache.set_default_cache(plan_cache.PlanCache() if cache else plan_cache.PlanCache(0))
-        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus)
+        if hasattr(placement, "forget_jobs"):
+            placement.forget_jobs()  # a fresh coordinator: nothing kept from the filling's passes
+        return _run(world, queued_n, passes=passes, churn=churn, cache=cache, profile=profile, gpus=gpus,
+                    inline=inline)
     finally:
         plan_cache.set_default_cache(previous)
 
 
+@dataclass
+class Admissions:
+    """``placement.warm_plans`` calls, timed (wall and this thread's CPU), apart from the passes."""
+
+    new_s: list[float] = field(default_factory=list)
+    """Each call that computed plans (a job whose shape, over this pool, was new): wall seconds."""
+    new_cpu_s: list[float] = field(default_factory=list)
+    known_s: list[float] = field(default_factory=list)
+    """Each call that found the plans cached already."""
+
+    def admit(self, jobs: Sequence[QueuedJob], offers: Any) -> float:
+        """Admit ``jobs`` over ``offers`` as the coordinator does; returns the wall seconds spent."""
+        spent = 0.0
+        for q in jobs:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                computed = placement.warm_plans(q.spec, offers)
+            except FrenzyError:  # an impossible shape: the pass reports it
+                computed = False
+            dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+            spent += dt
+            (self.new_s if computed else self.known_s).append(dt)
+            if computed:
+                self.new_cpu_s.append(dc)
+        return spent
+
+    def summary(self) -> dict[str, Any]:
+        new, cpu, known = sorted(self.new_s), sorted(self.new_cpu_s), sorted(self.known_s)
+        return {"new_shapes": len(new), "known": len(known),
+                "new_shape_median_s": statistics.median(new) if new else None,
+                "new_shape_p95_s": _p95(new) if new else None, "new_shape_max_s": new[-1] if new else None,
+                "new_shape_cpu_median_s": statistics.median(cpu) if cpu else None,
+                "new_shape_cpu_p95_s": _p95(cpu) if cpu else None,
+                "known_median_s": statistics.median(known) if known else None,
+                "total_s": sum(new) + sum(known)}
+
+
 def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool, profile: bool,
-         gpus: int) -> dict[str, Any]:
+         gpus: int, inline: bool = True) -> dict[str, Any]:
     members_n = len(world.members)
     kwargs = dict(world.policy)
+    if not inline:
+        kwargs["plan_inline"] = False
     times: list[float] = []
     cpu: list[float] = []
     started = changed = infeasible = preempted = 0
     movable: list[int] = []
+    waited: list[int] = []
     busy = world.busy()
     prof = cProfile.Profile() if profile else None
+    cold = Admissions()
+    adm = Admissions()
+    cold_admission_s = None
+    offers = offers_from_reports(world.peers(), {}) if not inline else None
+    if offers is not None:  # the first queue arrives before the first pass: admitted on an empty cache
+        cold_admission_s = cold.admit(world.queue, offers)
     for i in range(passes):
         peers = world.peers()
         reserved: dict[str, str] = {}
@@ -399,12 +466,24 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
         infeasible += len(sched.infeasible)
         started += len(sched.start)
         preempted += len(getattr(sched, "preempt", ()))
+        left_out = getattr(sched, "planning", ())
+        waited.append(len(left_out))
+        before = {q.job_id for q in world.queue}
+        if left_out:  # the coordinator warms them off the pass (the first pass: running jobs it never saw)
+            specs = {q.job_id: q for q in world.queue} | {
+                r.job_id: QueuedJob(r.job_id, r.spec, r.started_s) for r in running.get("running", ())}
+            (cold if i == 0 else adm).admit([specs[j] for j in left_out if j in specs], offers)
         changed += world.advance(sched, churn)
+        if not inline:  # the jobs that arrived since: admitted before the next pass
+            adm.admit([q for q in world.queue if q.job_id not in before], offers)
     stats = plan_cache.default_cache().stats() if plan_cache is not None else None
     warm, warm_cpu = sorted(times[1:]), sorted(cpu[1:])
     out: dict[str, Any] = {
         "members": members_n, "gpus": members_n * gpus, "queued": queued_n, "passes": passes,
-        "cache": cache, "cold_s": times[0], "cold_cpu_s": cpu[0],
+        "cache": cache, "plans": "inline" if inline else "admission",
+        "cold_s": times[0], "cold_cpu_s": cpu[0],
+        "cold_admission_s": cold_admission_s,
+        "cold_admission": cold.summary() if not inline else None,
         "median_s": statistics.median(warm) if warm else None,
         "p95_s": _p95(warm) if warm else None,
         "max_s": warm[-1] if warm else None,
@@ -412,6 +491,8 @@ def _run(world: World, queued_n: int, *, passes: int, churn: float, cache: bool,
         "cpu_p95_s": _p95(warm_cpu) if warm_cpu else None,
         "pass_s": times,
         "pass_cpu_s": cpu,
+        "admission": adm.summary() if not inline else None,
+        "left_out_for_plans": waited,
         "started": started, "infeasible_reports": infeasible, "preempted": preempted,
         "running_given_to_has": {"min": min(movable), "max": max(movable)} if movable else None,
         "busy_gpus_at_start": busy,
@@ -832,6 +913,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-cache", action="store_true", help="MARP's plan cache off: every call enumerates "
                     "plans afresh (the coordinator before the cache)")
+    ap.add_argument("--inline-plans", action="store_true", help="the pass enumerates a new job shape's plans "
+                    "itself, as the coordinator did before plans were computed at admission")
     ap.add_argument("--profile", action="store_true", help="cProfile the warm passes; print the top")
     ap.add_argument("--part", choices=("all", "pass", "membership", "daemons"), default="all",
                     help="the coordinator pass, membership (SWIM over the in-memory transport), both (all), "
@@ -874,20 +957,26 @@ def main(argv: list[str]) -> int:
     if args.part in ("membership", "daemons"):
         sizes = Sizes((), (), sizes.passes)
     if sizes.members:
-        print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'cold ms':>10}{'median ms':>11}"
-              f"{'p95 ms':>9}{'max ms':>9}{'cpu med':>9}{'cpu p95':>9}{'started':>9}{'shapes':>8}"
+        print(f"{'members':>8}{'GPUs':>7}{'queued':>8}{'cache':>7}{'plans':>10}{'cold adm s':>11}"
+              f"{'cold ms':>9}{'median ms':>11}{'p95 ms':>9}{'max ms':>9}{'cpu med':>9}{'cpu p95':>9}"
+              f"{'new shp':>8}{'adm med':>9}{'adm p95':>9}{'waited':>7}{'started':>9}{'shapes':>8}"
               f"{'counts':>9}")
     for m in sizes.members:
         for q in sizes.queued:
             cell = run_cell(m, q, gpus=args.gpus, passes=sizes.passes, churn=args.churn, busy=args.busy,
                             shapes=args.shapes, novel=args.novel, seed=args.seed, cache=not args.no_cache,
-                            profile=args.profile)
+                            profile=args.profile, inline=args.inline_plans)
             cells.append(cell)
             pc = cell["plan_cache"]
             counts = pc["counts_computed"] if pc else "-"
-            print(f"{m:>8}{cell['gpus']:>7}{q:>8}{'on' if cell['cache'] else 'off':>7}"
-                  f"{_ms(cell['cold_s']):>10}{_ms(cell['median_s']):>11}{_ms(cell['p95_s']):>9}"
-                  f"{_ms(cell['max_s']):>9}{_ms(cell['cpu_median_s']):>9}{_ms(cell['cpu_p95_s']):>9}{cell['started']:>9}{cell['distinct_shapes']:>8}{counts:>9}",
+            adm = cell["admission"] or {}
+            cold_adm = "-" if cell["cold_admission_s"] is None else f"{cell['cold_admission_s']:.2f}"
+            print(f"{m:>8}{cell['gpus']:>7}{q:>8}{'on' if cell['cache'] else 'off':>7}{cell['plans']:>10}"
+                  f"{cold_adm:>11}{_ms(cell['cold_s']):>9}{_ms(cell['median_s']):>11}{_ms(cell['p95_s']):>9}"
+                  f"{_ms(cell['max_s']):>9}{_ms(cell['cpu_median_s']):>9}{_ms(cell['cpu_p95_s']):>9}"
+                  f"{adm.get('new_shapes', '-'):>8}{_ms(adm.get('new_shape_median_s')):>9}"
+                  f"{_ms(adm.get('new_shape_p95_s')):>9}{sum(cell['left_out_for_plans'][1:]):>7}"
+                  f"{cell['started']:>9}{cell['distinct_shapes']:>8}{counts:>9}",
                   flush=True)
             if args.profile:
                 print(cell["profile"])
@@ -918,6 +1007,9 @@ def main(argv: list[str]) -> int:
         "settings": {"gpus_per_member": args.gpus, "passes": sizes.passes, "churn": args.churn,
                      "busy": args.busy, "shapes": args.shapes, "novel": args.novel, "seed": args.seed,
                      "plan_cache": not args.no_cache, "gpu_mix": dict(GPU_MIX),
+                     "plans": "inline" if args.inline_plans or args.no_cache or not INLINE_OK else
+                              "admission (placement.warm_plans per arriving job, timed apart; "
+                              "the pass leaves a job without cached plans out)",
                      "presets": [p for p, *_ in PRESETS], "declared_share": DECLARED_SHARE,
                      "schedule_signature": str(inspect.signature(placement.schedule))},
         "not_measured": None if daemons else "real daemons in network namespaces (issue 18 (a)): "

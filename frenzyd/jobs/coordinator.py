@@ -37,6 +37,7 @@ from frenzyd.jobs.messages import (
 from frenzyd.jobs.model import (
     TERMINAL,
     JobRecord,
+    JobSpec,
     JobTable,
     RankAssignment,
 )
@@ -49,9 +50,14 @@ from frenzyd.jobs.placement import (
     offers_from_reports,
     restart_key,
     schedule,
+    warm_plans,
 )
 
 log = logging.getLogger(__name__)
+
+PLANNING = ("waiting for MARP's plans of this job shape (computed off the scheduling pass); "
+            "placed on a later pass")
+"""A queued job's message while its plans are computed (``placement.warm_plans``)."""
 
 REFUSED_BAR_S = 30.0
 """A peer that refused a job's lease or launch gets no placement of it for this long, doubled at each
@@ -73,6 +79,9 @@ class CoordinatorRole:
         self._reserved: dict[str, str] = {}  # gpu uuid -> job id (placements in flight)
         self._placing: set[str] = set()
         self._silent_since: dict[str, float] = {}  # peer running ranks -> when it left the view
+        self._warming: set[str] = set()  # jobs whose MARP plans a worker thread computes now
+        self._warm_lock = asyncio.Lock()  # one plan enumeration at a time (they share the GIL anyway)
+        self._last_offers: list[PeerOffer] | None = None  # the last pass's: what an admission plans on
         self.restart = restart or RestartCosts()
         """What re-placing a running job costs here, measured (kept across terms: it is this pool's)."""
         self._reset()
@@ -145,7 +154,10 @@ class CoordinatorRole:
         if not queue and not (movable and any(g.available for p in offers for g in p.gpus)):
             return
         sched = await asyncio.to_thread(schedule, queue, offers, now_s=self.ctx.clock(), running=movable,
-                                        policy=self.policy, restart=self.restart, refused=self._barred(now))
+                                        policy=self.policy, restart=self.restart, refused=self._barred(now),
+                                        plan_inline=False)
+        self._last_offers = offers
+        self._plan_waiting(sched.planning, offers)
         for job_id, reason in sched.infeasible:
             # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
             # the peers that fit it may be rebooting.  Here it waits, and the submitter learns why.
@@ -171,6 +183,42 @@ class CoordinatorRole:
             for r in pl.ranks:
                 self._reserved[r.gpu] = job_id
             self.ctx.spawn(self._start(cur, pl, v), f"start {job_id}")
+
+    def _plan_waiting(self, planning: tuple[str, ...], offers: list[PeerOffer]) -> None:
+        """Jobs the pass left out because their MARP plans are not cached: compute them off the pass
+        (a new job shape, or the pool changed under a warmed one); a queued job's status says so."""
+        for job_id in planning:
+            cur = self.table.get(job_id)
+            if cur is None:
+                continue
+            self._warm(job_id, cur.spec, offers)
+            if cur.state != "queued" or cur.phase != "waiting" or cur.message == PLANNING:
+                continue
+            waiting = step(cur, Wait(PLANNING), now=self.ctx.clock())
+            self.table.update(waiting)
+            self.ctx.spawn(self._tell_submitter(waiting), f"tell {job_id}")
+
+    def _warm(self, job_id: str, spec: JobSpec, offers: list[PeerOffer]) -> None:
+        """Compute ``spec``'s MARP plans over ``offers`` in a worker thread (never on the event loop,
+        never inside a pass); the next pass finds them cached."""
+        if job_id in self._warming or not (spec.model is not None or spec.model_config is not None):
+            return
+        self._warming.add(job_id)
+        self.ctx.spawn(self._warm_plans(job_id, spec, offers), f"plan {job_id}")
+
+    async def _warm_plans(self, job_id: str, spec: JobSpec, offers: list[PeerOffer]) -> None:
+        try:
+            async with self._warm_lock:
+                began = self.ctx.clock()
+                computed = await asyncio.to_thread(warm_plans, spec, offers)
+        except FrenzyError as exc:  # an impossible shape: the pass says why, as for any infeasible job
+            log.debug("job %s: MARP cannot plan it (%s)", job_id, exc)
+            return
+        finally:
+            self._warming.discard(job_id)
+        if computed:
+            log.debug("job %s: MARP's plans computed in %.2fs", job_id, self.ctx.clock() - began)
+            self.ctx.wake()
 
     def _pending_ttl_s(self) -> float:
         """How long GPUs stay kept for a placement that waits on a preempted job's stop: its ranks'
@@ -430,6 +478,8 @@ class CoordinatorRole:
         if known is None:
             if theirs.state == "queued":
                 self.table.submit(theirs)
+                if self._last_offers is not None:  # its plans, before the pass that places it
+                    self._warm(theirs.id, theirs.spec, self._last_offers)
             elif theirs.state == "running":
                 self.table.adopt(theirs)
         elif known.state == "running" and theirs.state == "queued" and theirs.attempt >= known.attempt \
