@@ -342,10 +342,16 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
     if plan.zero in (2, 3):
         from torch.distributed.fsdp import fully_shard
 
-        reshard = plan.zero == 3
-        for layer in decoder_layers(inner) if plan.pp == 1 else inner.layers():
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(inner, mesh=dp_mesh, reshard_after_forward=reshard)
+        from frenzyd.trainer import gloo_reduce_scatter
+
+        layers = list(decoder_layers(inner) if plan.pp == 1 else inner.layers())
+        for layer in layers:
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=plan.zero == 3)
+        # the root (embedding, final norm, head): FSDP2's own choice, kept unsharded after forward since
+        # backward gathers it again at once (an explicit True re-gathers it at the loss; on gloo with a
+        # second full-size temporary)
+        fully_shard(inner, mesh=dp_mesh)
+        gloo_reduce_scatter.install([*layers, inner], dp_mesh.get_group())  # gloo's copies its input
     elif plan.dp > 1 or plan.zero == 1:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -1,4 +1,4 @@
-"""The CPU peak meter (frenzyd/trainer/memory.py): every byte the allocator holds, whichever thread frees it."""
+"""The CPU peak meter (frenzyd/trainer/memory.py): every byte the allocator holds, whoever frees it."""
 
 from __future__ import annotations
 
