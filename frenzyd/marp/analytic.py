@@ -159,7 +159,9 @@ def _stage_phases(
     micro = setup.grad_accum
     h, f = spec.hidden, spec.ffn // tp
     recompute = setup.recompute == "full"
-    fsdp = zero >= 2 and dp > 1
+    # FSDP2 on a one-rank mesh still all-gathers into separate unsharded buffers and copies the
+    # gradients through its reduce-scatter buffers (foreach_all_gather / foreach_reduce, torch 2.13)
+    fsdp = zero >= 2
     tied_here = spec.tied_embeddings and pp == 1  # pipeline stages hold their own copy of a tied table
 
     # --- static sizes on this rank -----------------------------------------------------------
@@ -246,7 +248,9 @@ def _stage_phases(
     kept_out = lb * setup.micro_batch * s * spec.vocab if pp > 1 and last else 0
 
     # --- ZeRO-2/3 (FSDP2): unsharded parameters in flight ---------------------------------------
-    root = (emb + final_norm + lm_head) * pb  # the root group is never resharded after forward
+    # the root group is not resharded after forward (FSDP2's own choice for the root, which the
+    # trainer leaves to it: backward would gather it again at once)
+    root = (emb + final_norm + lm_head) * pb
     if fsdp:
         gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
         gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
@@ -254,6 +258,9 @@ def _stage_phases(
         gathered_loss = gathered_all if zero == 2 else root + lp * pb
         gathered_emb = root
         rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
+        # FSDPParamGroup keeps the last reduce-scatter input (reduce_scatter_states, one buffer by
+        # default) until the next group's post-backward: alive through the next layer's backward
+        held_rs = lp * gb
         # the root group's gradients (head, final norm, embedding) stay unsharded until its
         # reduce-scatter at the very end of backward
         head_pending = (final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb
@@ -261,7 +268,7 @@ def _stage_phases(
         head_g = 0
         layer_g = _ceil_div(lp * gb, dp)
     else:
-        gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = 0
+        gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = held_rs = 0
         head_pending = root_grads = 0
         head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
         layer_g = lp * gb
@@ -377,7 +384,7 @@ def _stage_phases(
                 grads_at(head_g + layer_g) + head_pending,
                 opt_bytes,
                 stage_act + kept_out - stage_wc,
-                bwd_temp + rs_buffer,
+                bwd_temp + held_rs,
             ),
         )
     )
@@ -389,10 +396,28 @@ def _stage_phases(
                 grads_at(head_g + layers * layer_g) + head_pending,
                 opt_bytes,
                 others + pre + kept_layer + kept_out - others_wc - wc,
-                bwd_temp + rs_buffer,
+                bwd_temp + held_rs,
             ),
         )
     )
+    if fsdp:
+        # a layer's reduce-scatter (the last one's, the most activations still alive): after its
+        # backward, so its activations and temporaries are freed and its parameters resharded
+        # (FSDPParamGroup.post_backward reshards before foreach_reduce); its unsharded gradients and
+        # the flat reduce-scatter input at once, the output shard after the former are freed
+        done = kept_layer if recompute else layer_act
+        out.append(
+            (
+                "backward",
+                Breakdown(
+                    params + gathered_all - lp * pb + stage_wc - wc,
+                    grads_at(head_g + layer_g) + head_pending,
+                    opt_bytes,
+                    stage_act - done + kept_out - (stage_wc - wc),
+                    rs_buffer,
+                ),
+            )
+        )
     if first:
         # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
         # out of place with the head's pending gradient (a third vocab x hidden tensor)
@@ -417,12 +442,14 @@ def _stage_phases(
         )
     if fsdp:
         # the root group's reduce-scatter: its unsharded gradients and the flat input copy (the
-        # unsharded gradients are released before the output shard is allocated)
+        # unsharded gradients are released before the output shard is allocated).  Its parameters
+        # are sharded again by then: FSDPParamGroup.post_backward reshards (reshard_after_backward)
+        # before foreach_reduce
         out.append(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_emb + others_wc,
+                    params + others_wc,
                     grads_at(layers * layer_g) + root_grads,
                     opt_bytes,
                     others - others_wc,
