@@ -121,12 +121,13 @@ def offers_from_reports(
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         la = rep.get("launcher")
-        if _slots_full(la):  # every slot account busy: a launch there would be refused
-            gpus = [replace(g, available=False) for g in gpus]
-        only = la.get("only_jobs_of") if isinstance(la, Mapping) else None
+        only = trainer_only = None
+        if la is not None and isinstance(la, Mapping):  # (most reports: no launcher section)
+            if _slots_full(la):  # every slot account busy: a launch there would be refused
+                gpus = [replace(g, available=False) for g in gpus]
+            only, trainer_only = la.get("only_jobs_of"), la.get("accept") == "trainer-only"
         fields = (nid, str(rep.get("name", nid[:12])), str(rep.get("address", "")),
-                  str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus),
-                  isinstance(la, Mapping) and la.get("accept") == "trainer-only",
+                  str(rep.get("python", "")), str(rep.get("torch", "")), tuple(gpus), bool(trainer_only),
                   only if isinstance(only, str) and only else None)
         kept = _OFFERS.get(nid)
         if kept is not None and kept[0] == fields:  # GPUs compared by identity first: cheap
@@ -370,14 +371,16 @@ def marp_plans(
 
 
 def _marp_answer(
-    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool, compute: bool
+    spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float, only_available: bool, compute: bool,
+    pools: list[Any] | None = None,
 ) -> tuple[JobPlan, ...] | None:
     """:func:`marp_plans`; with ``compute=False``, None when the plan cache cannot answer without
-    enumerating plans (``PlanCache.plans``' ``compute``)."""
+    enumerating plans (``PlanCache.plans``' ``compute``).  ``pools``: ``offers``' pools, known."""
     from frenzyd.marp.plan_cache import default_cache
 
     model = job_model(spec)
-    pools = _pools_of(offers, only_available)
+    if pools is None:
+        pools = _pools_of(offers, only_available)
     if not pools:
         return ()
     answer = default_cache().plans(model, _marp_setup(spec), pools, headroom=headroom,
@@ -865,6 +868,26 @@ def _group_key(vk: tuple[str, str], matching: Sequence[PeerOffer]) -> tuple[Any,
     return key
 
 
+_GROUP_POOLS: dict[int, tuple[object, list[Any]]] = {}
+
+
+def _group_pools(group: Any) -> list[Any]:
+    """``_pools_of(matching, False)`` of the group whose ``_group_key`` is ``group``, from the key
+    alone (per type: count, smallest memory, most on one peer; a MIG type one GPU)."""
+    from frenzyd.marp.spec import GpuPool
+
+    hit = _GROUP_POOLS.get(id(group))
+    if hit is not None and hit[0] is group:
+        return hit[1]
+    pools = [GpuPool(gpu_type=t, count=1 if _is_mig(t) else n, memory_bytes=lo, speed=_speed(t),
+                     gpus_per_node=1 if _is_mig(t) else per_peer)
+             for t, n, lo, _, per_peer, _ in group]
+    if len(_GROUP_POOLS) > 64:
+        _GROUP_POOLS.clear()
+    _GROUP_POOLS[id(group)] = (group, pools)
+    return pools
+
+
 def _derive(spec: JobSpec, matching: Sequence[PeerOffer], *, headroom: float, job_id: str | None = None,
             group: object = None, compute: bool = True) -> _Derived:
     """A job's ``_Derived`` (kept under ``job_id`` when ``group`` is given); ``FrenzyError`` when it
@@ -878,7 +901,8 @@ def _derive(spec: JobSpec, matching: Sequence[PeerOffer], *, headroom: float, jo
                 and (known.spec is spec or known.spec == spec):
             return known
     if _is_model(spec):
-        answer = _marp_answer(spec, matching, headroom=headroom, only_available=False, compute=compute)
+        answer = _marp_answer(spec, matching, headroom=headroom, only_available=False, compute=compute,
+                              pools=None if group is None else _group_pools(group))
         if answer is None:
             raise _NotPlanned
         cands: Sequence[JobPlan] = answer
