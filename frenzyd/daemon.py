@@ -372,7 +372,8 @@ class Daemon:
 
                     assert net.port is not None
                     discovery = Discovery(cfg, self.creds, net.port,
-                                          lambda addr, hints: net.add_address(addr, hints, "mdns"))
+                                          lambda addr, hints: net.add_address(addr, hints, "mdns"),
+                                          lonely=lambda: not net.live_peers())
                     await discovery.start()
                 log.info("frenzyd %s (%s) ready: peers %s, client %s, web http://%s:%d/, %d GPU(s)%s",
                          self.creds.node_name, self.node_id[:12], net.address, self.client_api.address,

@@ -13,14 +13,22 @@ announcement); another pool's are counted and dropped.  An announcement whose re
 already holds is handled at once, without a lookup; lookups in flight are capped, and a name
 that finds them all busy waits in a bounded queue for the next free one.  So a host that floods
 the LAN with forged pool ids neither grows memory nor keeps a new member from being found.
+
+A node that has no live peer (``lonely()``) announces itself again and browses afresh, after 5 s,
+then at doubling intervals up to a minute while it stays alone.  zeroconf sends a new service's
+announcements a few times at start and its browser backs its queries off towards an hour: when
+40 daemons start together on a loaded host some multicast is dropped, and a node whose announcements
+and queries were both lost was found by nobody and found nobody for as long as a bench waited.
 This is the only module that imports zeroconf.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import random
 import re
 import socket
 import time
@@ -51,6 +59,10 @@ MAX_LOOKUPS = 32
 MAX_WAITING = 1024
 """Names waiting for a free lookup; past this the oldest waiting name is dropped."""
 LOOKUP_TIMEOUT_MS = 3000
+REFRESH_FIRST_S = 5.0
+"""A lonely node's first re-announcement and fresh browse comes this long after start (jittered)."""
+REFRESH_MAX_S = 60.0
+"""The interval doubles while the node stays lonely, up to this."""
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -115,6 +127,7 @@ class Discovery:
         port: int,
         on_found: OnFound,
         *,
+        lonely: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -136,6 +149,10 @@ class Discovery:
         """Services of this pool: name -> (addresses and port, when it is forgotten)."""
         self._ratelog = RateLimitedLog(log)
         self.instance_name = f"{creds.node_name[:50]}-{creds.node_id[:8]}.{SERVICE_TYPE}"
+        self._lonely = lonely
+        self._refresher: asyncio.Task[None] | None = None
+        self.refreshes = 0
+        """Re-announcements and fresh browses made because the node was lonely."""
 
     async def start(self) -> None:
         """Register this node's service and start browsing."""
@@ -162,11 +179,44 @@ class Discovery:
             self._azc = None
             raise DiscoveryError(f"cannot announce {self.instance_name}: {exc}") from exc
         self._browser = AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE, handlers=[self._on_change])
+        if self._lonely is not None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_while_lonely(),
+                                                                     name="mdns-refresh")
         log.info("mDNS: announcing %s on %s", self.instance_name, ifaces or "all interfaces")
+
+    async def _refresh_while_lonely(self) -> None:
+        assert self._lonely is not None
+        delay = REFRESH_FIRST_S
+        while True:
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            if not self._lonely():
+                delay = REFRESH_FIRST_S
+                continue
+            await self.refresh()
+            delay = min(2 * delay, REFRESH_MAX_S)
+
+    async def refresh(self) -> None:
+        """Announce this node again and browse afresh (every service of the pool is reported to
+        ``on_found`` again, as it answers the new browser's query)."""
+        if self._azc is None or self._info is None:
+            return
+        self.refreshes += 1
+        log.info("mDNS: no live peer; announcing %s again and browsing afresh", self.instance_name)
+        self._announcing = await self._azc.async_update_service(self._info)
+        self._seen.clear()
+        old, self._browser = self._browser, AsyncServiceBrowser(self._azc.zeroconf, SERVICE_TYPE,
+                                                                handlers=[self._on_change])
+        if old is not None:
+            await old.async_cancel()
 
     async def stop(self) -> None:
         """Unregister, stop browsing and close the sockets (idempotent)."""
         self._waiting.clear()
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:

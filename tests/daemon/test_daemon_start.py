@@ -96,7 +96,7 @@ class RecordingDiscovery:
 
     started: list[str] = []  # noqa: RUF012 - shared by the instances of one test
 
-    def __init__(self, config: Any, creds: Any, port: int, on_found: Any) -> None:
+    def __init__(self, config: Any, creds: Any, port: int, on_found: Any, *, lonely: Any = None) -> None:
         self.name = creds.node_name
 
     async def start(self) -> None:
