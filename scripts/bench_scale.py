@@ -695,6 +695,19 @@ def _proc_tx_bytes(pid: int, ifname: str = "eth0") -> int | None:
     return None
 
 
+def _proc_udp_errors(pid: int) -> tuple[int, int]:
+    """UDP (InErrors, RcvbufErrors) of process ``pid``'s network namespace (mDNS datagrams dropped)."""
+    try:
+        with open(f"/proc/{pid}/net/snmp") as f:
+            rows = [line.split() for line in f if line.startswith("Udp:")]
+    except OSError:
+        return 0, 0
+    if len(rows) < 2:
+        return 0, 0
+    got = dict(zip(rows[0][1:], rows[1][1:], strict=False))
+    return int(got.get("InErrors", 0)), int(got.get("RcvbufErrors", 0))
+
+
 async def _statuses(socks: Sequence[Path]) -> list[dict[str, Any] | None]:
     import asyncio
 
@@ -806,8 +819,11 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                             full_s = time.monotonic() - t0
                             break
                         time.sleep(0.5)
+                    udp = [_proc_udp_errors(d.proc.pid) for d in daemons if d.proc is not None]
                     row: dict[str, Any] = {"mode": mode, "members": n, "full_membership_s": full_s,
                                            "first_answer_s": answered_at, "first_full_view_s": full_at,
+                                           "udp_in_errors": sum(u[0] for u in udp),
+                                           "udp_rcvbuf_errors": sum(u[1] for u in udp),
                                            "timeline": timeline[:: max(1, len(timeline) // 60)]}
                     if full_s is None:
                         last = timeline[-1] if timeline else {}
