@@ -254,6 +254,8 @@ def _stage_phases(
     if fsdp:
         gathered_all = root + layers * lp * pb if zero == 2 else root + 2 * lp * pb  # ZeRO-3: 1 + prefetch
         gathered_last = root + lp * pb if zero == 2 else root + 2 * lp * pb
+        if pp > 1 and micro > 1:  # not resharded after backward (above): all layers gathered by then
+            gathered_last = root + layers * lp * pb
         # ZeRO-3 around the loss: the layers were resharded after forward; backward gathers the last one
         gathered_loss = gathered_all if zero == 2 else root + lp * pb
         gathered_emb = root
@@ -277,7 +279,10 @@ def _stage_phases(
     if ddp_buckets:
         grads_early = grads_full
     elif micro > 1 or (pp > 1 and micro > pp - stage):
-        grads_early = grads_kept
+        # under a pipeline, FSDP2 keeps the unsharded gradients: PipelineStage runs every micro-batch's
+        # backward with set_requires_gradient_sync(False) and set_reshard_after_backward(False), and
+        # reduce-scatters only after the last one (perform_reduce_grad; torch 2.13)
+        grads_early = grads_full if fsdp and pp > 1 else grads_kept
     else:
         grads_early = 0
 
