@@ -17,7 +17,9 @@
   reference).  With c10's ``caffe2_report_cpu_memory_usage`` flag on, the CPU
   allocator's ``ProfiledCPUMemoryReporter`` keeps its byte count for every
   thread; each event carries that count (``total_allocated``), frees on
-  unprofiled threads included.
+  unprofiled threads included.  Not seen: bytes allocated and freed again on an
+  unprofiled thread between two events (gloo runs a collective's own work in a
+  profiled scope; what it frees afterwards only lowers the count).
 
 The window covers ``WINDOW_STEPS`` optimizer steps (the optimizer state is
 created in the first; DDP rebuilds its buckets in the second).
