@@ -408,13 +408,20 @@ def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = 
     so a pass finds them cached (``schedule``'s ``plan_inline=False``).  True when something was
     computed; False when it was cached already, or the job has no model (nothing to plan).
     ``FrenzyError`` for a job MARP cannot plan (an unknown model, an impossible shape): the pass
-    reports it as it does now.  Touches only the plan cache (safe beside a pass in another thread)."""
+    reports it as it does now.  Touches only the plan cache (safe beside a pass in another thread).
+    ``offers`` is read as a value that does not change (a pass's list: its pools are kept by identity
+    for the next admission over the same list)."""
     from frenzyd.marp.plan_cache import default_cache
 
     if not _is_model(spec):
         return False
-    matching = [p for p in offers if versions_match(spec, p)]
-    pools = _compute_pools(matching, only_available=False)
+    vk = (_py_minor(spec.python_version), spec.torch_version, spec.trainer)
+    last = _WARM_POOLS.get(vk)
+    if last is not None and last[0] is offers:  # the same offers as the last admission: their pools
+        pools = last[1]
+    else:
+        pools = _compute_pools([p for p in offers if versions_match(spec, p)], only_available=False)
+        _WARM_POOLS[vk] = (offers, pools)  # one atomic store (holds ``offers``: its id is not reused)
     if not pools:
         return False
     cache, model, setup = default_cache(), job_model(spec), _marp_setup(spec)
@@ -423,6 +430,11 @@ def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = 
         return False
     cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
     return True
+
+
+_WARM_POOLS: dict[tuple[str, str, bool], tuple[Sequence[PeerOffer], list[Any]]] = {}
+"""Per version group: the last offers ``warm_plans`` planned over and their pools (admissions between
+two passes plan over the same offers)."""
 
 
 def _marp_setup(spec: JobSpec) -> Any:
