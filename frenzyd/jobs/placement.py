@@ -31,6 +31,13 @@ What a move costs: the coordinator measures its own restarts (``RestartCosts``: 
 first step, a stop order to the last exit) and HAS is told their running means, seeded with
 conservative defaults, instead of ``has.speed``'s 30 s plus a checkpoint read (a loaded loopback pool
 paid about 90 s per preemption, not 30).
+
+At pool scale (issue 18): the coordinator's pass asks ``schedule(plan_inline=False)``, so a model job
+whose MARP plans are not in the plan cache waits for a later pass (``Schedule.planning``) while
+``warm_plans`` computes them in a worker thread (at admission, or when a pass finds them missing);
+what a pass derives per job is kept by job id and reused while its inputs are the same (``_Derived``,
+``_view_of``), and an unchanged GPU's report gives the last pass's offer back (``offers_from_reports``).
+The values are the same as computed afresh: HAS's decisions do not change.
 """
 
 from __future__ import annotations
