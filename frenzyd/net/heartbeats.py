@@ -80,8 +80,9 @@ class Heartbeats:
         self.view_listeners: list[Callable[[Change], None]] = []
         """Told of every election change before ``on_change`` (the membership layer gossips the view)."""
         self.unreachable_listeners: list[Callable[[str], None]] = []
-        """Told the node id of a known peer whose heartbeat found nothing listening (connection refused
-        or reset: the process is gone; a timeout is not told).  The membership layer suspects it."""
+        """Told the node id of a known peer whose heartbeat found nothing listening (the connection
+        refused: the process is gone).  A timeout or a connection closed by the peer is not told: a
+        loaded peer does both while alive.  The membership layer suspects it."""
         self.rounds = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._was_live: set[str] = set()
@@ -259,7 +260,7 @@ class Heartbeats:
             self.book.failed(address, self._clock())
             log.debug("heartbeat to %s failed: %s", address, exc)
             node_id = self.book.addresses().get(address)
-            if node_id is not None and exc.reason in ("unreachable", "refused"):
+            if node_id is not None and exc.reason == "unreachable":  # refused to connect: nothing listens
                 for listener in self.unreachable_listeners:
                     listener(node_id)
             return
