@@ -417,7 +417,12 @@ def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = 
     ``FrenzyError`` for a job MARP cannot plan (an unknown model, an impossible shape): the pass
     reports it as it does now.  Touches only the plan cache (safe beside a pass in another thread).
     ``offers`` is read as a value that does not change (a pass's list: its pools are kept by identity
-    for the next admission over the same list)."""
+    for the next admission over the same list).
+
+    Each type's plans are computed for ``warm_slack`` more GPUs than the pool has now: the plan of n
+    GPUs does not depend on how many more there are, so when members join (a larger count of a type)
+    the cache still answers the pass without computing, and a queued job does not wait a pass for its
+    plans each time the pool grows by a few workstations (``frenzyd.marp.plan_cache``)."""
     from frenzyd.marp.plan_cache import default_cache
 
     if not _is_model(spec):
@@ -435,8 +440,15 @@ def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = 
     if cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer,
                    compute=False) is not None:
         return False
-    cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer)
+    roomy = [p if _is_mig(p.gpu_type) else replace(p, count=p.count + warm_slack(p.count))
+             for p in pools]  # (a MIG type is planned for one GPU only, however many there are)
+    cache.plans(model, setup, roomy, headroom=headroom, trainer_only=spec.trainer)
     return True
+
+
+def warm_slack(count: int) -> int:
+    """GPUs past a type's count that ``warm_plans`` plans for: an eighth more, at least 8."""
+    return max(8, count // 8)
 
 
 _WARM_POOLS: dict[tuple[str, str, bool], tuple[Sequence[PeerOffer], list[Any]]] = {}

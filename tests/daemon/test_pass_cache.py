@@ -197,3 +197,19 @@ def test_an_unchanged_report_gives_the_same_offer_and_a_changed_one_a_new_one() 
     assert offers_from_reports({"n1": odd})[0].gpus[0].index == 0
     renamed = {**_report(), "name": "ws-2"}
     assert offers_from_reports({"n1": renamed})[0].name == "ws-2"
+
+
+def test_a_warmed_job_needs_no_new_plans_when_a_few_workstations_join() -> None:
+    s = model_job()
+    warm_plans(s, OFFERS)
+    grown = [*OFFERS, peer("c", [("T4", 16)] * 2), peer("d", [("A100-80GB", 80)])]  # same types, more GPUs
+    sched = schedule([QueuedJob("m", s, 0.0)], grown, now_s=0.0, plan_inline=False)
+    assert sched.planning == ()
+    assert [j for j, _ in sched.start] == ["m"]
+    # The answer over the grown pool is what a fresh enumeration gives.
+    assert placement._KNOWN["m"].cands == tuple(marp_plans(s, grown, headroom=0.1, only_available=False))
+    set_default_cache(PlanCache())
+    placement._KNOWN.clear()
+    assert placement._KNOWN == {}
+    fresh = schedule([QueuedJob("m", s, 0.0)], grown, now_s=0.0)
+    assert fresh.start == sched.start
