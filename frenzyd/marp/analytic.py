@@ -260,6 +260,8 @@ def _stage_phases(
         gathered_loss = gathered_all if zero == 2 else root + lp * pb
         gathered_emb = root
         rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
+        if _cpu_chunk_cat_pads(device, dp, _layer_rows(spec, tp)):
+            rs_buffer += lp * gb
         # FSDPParamGroup keeps the last reduce-scatter input (reduce_scatter_states, one buffer by
         # default) until the next group's post-backward: alive through the next layer's backward
         held_rs = lp * gb
@@ -267,11 +269,16 @@ def _stage_phases(
         # reduce-scatter at the very end of backward
         head_pending = (final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb
         root_grads = (emb + final_norm + lm_head) * gb
+        root_rs_temp = root_grads
+        root_rows = [r for r, n in ((spec.vocab, emb + lm_head), (spec.hidden, final_norm),
+                                    (spec.max_positions if spec.learned_positions else 0, emb)) if n and r]
+        if _cpu_chunk_cat_pads(device, dp, root_rows):
+            root_rs_temp += root_grads
         head_g = 0
         layer_g = _ceil_div(lp * gb, dp)
     else:
         gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = held_rs = 0
-        head_pending = root_grads = 0
+        head_pending = root_grads = root_rs_temp = 0
         head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
         layer_g = lp * gb
 
@@ -458,7 +465,7 @@ def _stage_phases(
                     grads_at(layers * layer_g) + root_grads,
                     opt_bytes,
                     others - others_wc,
-                    root_grads,
+                    root_rs_temp,
                 ),
             )
         )
@@ -466,6 +473,20 @@ def _stage_phases(
     # optimizer: parameters, gradients, state (fused AdamW and SGD keep no further temporaries)
     out.append(("optimizer", Breakdown(params, grads_full if ddp_buckets else grads_kept, opt_bytes, 0, 0)))
     return out
+
+
+def _cpu_chunk_cat_pads(device: Device, dp: int, rows: list[int]) -> bool:
+    """FSDP2's reduce-scatter copy-in (``torch._chunk_cat(grads, 0, dp, out=...)``) on the CPU: where a
+    gradient's first dimension does not divide by ``dp``, the CPU implementation pads every tensor
+    into a new one and concatenates those (a second copy of the group's gradients, measured on
+    tiny-llama dp3); CUDA has a fused kernel that writes ``out`` directly."""
+    return device == "cpu" and dp > 1 and any(r % dp for r in rows)
+
+
+def _layer_rows(spec: ModelSpec, tp: int) -> list[int]:
+    """First dimensions of a decoder layer's parameters on a tp rank (what FSDP2 shards)."""
+    h = spec.hidden
+    return [h, spec.heads * spec.head_dim // tp, spec.kv_heads * spec.head_dim // tp, spec.ffn // tp]
 
 
 def _ceil_div(a: int, b: int) -> int:
