@@ -443,6 +443,8 @@ def warm_plans(spec: JobSpec, offers: Sequence[PeerOffer], *, headroom: float = 
     roomy = [p if _is_mig(p.gpu_type) else replace(p, count=p.count + warm_slack(p.count))
              for p in pools]  # (a MIG type is planned for one GPU only, however many there are)
     cache.plans(model, setup, roomy, headroom=headroom, trainer_only=spec.trainer)
+    # The answer for the pool as it is, assembled from those entries here, not in the next pass.
+    cache.plans(model, setup, pools, headroom=headroom, trainer_only=spec.trainer, compute=False)
     return True
 
 
