@@ -5,8 +5,8 @@ Each combination names which mesh axes may be wider than one rank (``dp``,
 
 * ``dp``    - ``DistributedDataParallel(gradient_as_bucket_view=True)``
 * ``zero1`` - DDP + ``ZeroRedundancyOptimizer``
-* ``zero2`` / ``zero3`` - FSDP2 ``fully_shard`` per decoder layer and at the root,
-  ``reshard_after_forward`` False / True
+* ``zero2`` / ``zero3`` - FSDP2 ``fully_shard`` per decoder layer (``reshard_after_forward``
+  False / True) and at the root (FSDP2's own choice: kept gathered after forward)
 * ``tp``    - Megatron-style tensor parallel on DTensors (column-wise q/k/v and gate/up,
   row-wise o and down; ``parallelize_module`` for LLaMA, ``trainer.tp_gpt2`` for GPT-2)
 * ``pp``    - ``torch.distributed.pipelining`` ``Schedule1F1B``, layers split evenly
@@ -49,8 +49,8 @@ COMBOS: tuple[Combo, ...] = (
     Combo("single", 0, "one", "one", "one", "one process, the plain reference step"),
     Combo("dp", 0, "many", "one", "one", "DistributedDataParallel(gradient_as_bucket_view=True)"),
     Combo("zero1", 1, "any", "one", "one", "DDP + ZeroRedundancyOptimizer(AdamW)"),
-    Combo("zero2", 2, "any", "one", "one", "FSDP2 fully_shard per layer + root, reshard_after_forward=False"),
-    Combo("zero3", 3, "any", "one", "one", "FSDP2 fully_shard per layer + root, reshard_after_forward=True"),
+    Combo("zero2", 2, "any", "one", "one", "FSDP2 fully_shard per layer + root; layers not resharded"),
+    Combo("zero3", 3, "any", "one", "one", "FSDP2 fully_shard per layer + root; layers resharded"),
     Combo("tp", 0, "one", "many", "one", "Megatron-style DTensors: colwise q/k/v, gate/up; rowwise o, down"),
     Combo("pp", 0, "one", "one", "many", "torch.distributed.pipelining Schedule1F1B, layers split evenly"),
     Combo("dp×tp", 0, "many", "many", "one", "2-D mesh (dp, tp): tp as above, DDP over the dp axis"),
