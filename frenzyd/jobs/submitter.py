@@ -305,16 +305,20 @@ class SubmitterRole:
                 lost.append(p)
         return lost
 
-    def _check_unplaceable(self, rec: JobRecord, now: float) -> JobRecord:
+    async def _check_unplaceable(self, rec: JobRecord, now: float) -> JobRecord:
         """Fail a waiting job that nothing this node has seen in the pool could hold, once that has
-        been so for ``unplaceable_after_s``; say what was seen."""
+        been so for ``unplaceable_after_s``; say what was seen.  MARP's plans of a new job shape take
+        up to a few hundred ms to enumerate: off the event loop."""
         every = min(UNPLACEABLE_CHECK_S, self.unplaceable_after_s / 4)
         if not self.seen.kinds or now - self._fit_checked.get(rec.id, 0.0) < every:
             return rec
         self._fit_checked[rec.id] = now
         try:
-            place(rec.spec, self.seen.offers())
+            await asyncio.to_thread(place, rec.spec, self.seen.offers())
         except FrenzyError as exc:
+            cur = self.store.find(rec.id)
+            if cur is not rec:  # it changed meanwhile (cancelled, placed): judged again next time
+                return rec if cur is None else cur
             since = self._unfit_since.setdefault(rec.id, max(now, self._born))
             if now - since < self.unplaceable_after_s:
                 return rec
@@ -347,7 +351,7 @@ class SubmitterRole:
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
             if rec.state == "queued" and rec.phase == "waiting":
-                rec = self._check_unplaceable(rec, now)
+                rec = await self._check_unplaceable(rec, now)
                 if rec.terminal:
                     continue
             acked = self._acked.get(rec.id) == (v.coordinator, v.term)
