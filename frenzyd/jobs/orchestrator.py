@@ -61,7 +61,7 @@ from frenzyd.jobs.placement import RestartCosts
 from frenzyd.jobs.rank_host import RankHostRole
 from frenzyd.jobs.status import merge_jobs
 from frenzyd.jobs.store import JobStore
-from frenzyd.jobs.submitter import SubmitterRole
+from frenzyd.jobs.submitter import PackDir, SubmitterRole
 from frenzyd.net.wire import Body
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Orchestrator:
         gpus: Callable[[], list[dict[str, Any]]],
         launcher: Any,
         rank_spec: Callable[..., Any],
-        pack_dir: Callable[[Path, int], tuple[bytes, str]],
+        pack_dir: PackDir,
         unpack: Callable[[bytes, str, Path, int], Any],
         collect_results: Callable[[Path, int], bytes],
         versions: Versions,

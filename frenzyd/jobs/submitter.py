@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from frenzyd.errors import AuthError, FrenzyError, JobStateError, LaunchError, WireError
 from frenzyd.jobs.context import (
@@ -76,6 +76,18 @@ from frenzyd.marp.calibration import (
 )
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_COMPRESSLEVEL = 0
+"""gzip level of the checkpoint a submitter keeps, merged from its hosts' parts: stored, as the parts
+(``launcher.RESULTS_COMPRESSLEVEL``).  Re-deflating tensors at level 6 cost ~2.4 CPU s per copy of
+a tiny-llama checkpoint for ~26 %, two thirds of the daemon's CPU beside the ranks in
+``scripts/bench_trainer_overhead.py`` (py-spy: 397 of 588 busy samples)."""
+
+
+class PackDir(Protocol):
+    """``payload.pack_dir``: a directory as a gzip'd tar and its sha256, at most ``max_bytes``."""
+
+    def __call__(self, path: Path, max_bytes: int, *, compresslevel: int = ...) -> tuple[bytes, str]: ...
 
 PROGRESS_LINE_CAP = 64 * 1024
 """Longest partial line of rank 0's output kept while waiting for its end."""
@@ -147,7 +159,7 @@ class SubmitterRole:
         ctx: RoleContext,
         store: JobStore,
         *,
-        pack_dir: Callable[[Path, int], tuple[bytes, str]],
+        pack_dir: PackDir,
         versions: Versions,
         max_payload_bytes: int,
         max_result_bytes: int,
@@ -732,7 +744,8 @@ class SubmitterRole:
                 for part in parts:
                     unpack(part, hashlib.sha256(part).hexdigest(), Path(tmp) / f"step-{msg.step:08d}",
                                  self.max_checkpoint_bytes)
-                return self._pack_dir(Path(tmp), self.max_checkpoint_bytes)
+                return self._pack_dir(Path(tmp), self.max_checkpoint_bytes,
+                                      compresslevel=CHECKPOINT_COMPRESSLEVEL)
 
         try:
             kept = await asyncio.to_thread(functools.partial(

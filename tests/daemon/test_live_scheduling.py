@@ -8,6 +8,7 @@ harness's router (the real wire codec); ``jobs.min_run_s`` shrunk to 2 s.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import json
 from pathlib import Path
@@ -125,6 +126,9 @@ async def test_a_preempted_job_resumes_from_the_checkpoint_its_stop_wrote(pool: 
     resumed_at = min(s for a, s in steps if a >= 2)
     assert stopped_at >= 3
     assert resumed_at == stopped_at + 1, (stopped_at, resumed_at)
+    # the submitter keeps it stored, not re-deflated (tensors hardly shrink; the CPU is the ranks')
+    kept = (c.orch.store.dir(long.id) / "checkpoint" / "checkpoint.tgz").read_bytes()
+    assert len(gzip.decompress(kept)) < len(kept)
     await c.orch.submitter.cancel(long.id)
     await asyncio.sleep(0.5)
 
