@@ -18,6 +18,7 @@ from typing import Any
 
 from frenzyd.errors import FrenzyError, LaunchError, LeaseError
 from frenzyd.gpu_types import cuda_device
+from frenzyd.jobs import bulk
 from frenzyd.jobs.context import (
     CHUNK,
     MAX_REPORTED_JOBS,
@@ -292,8 +293,7 @@ class RankHostRole:
         try:
             async def prepare() -> None:
                 payload = await self._fetch_payload(rec)
-                await asyncio.to_thread(self._unpack, payload, rec.spec.payload_sha256, work,
-                                        self.max_payload_bytes)
+                await bulk.run(self._unpack, payload, rec.spec.payload_sha256, work, self.max_payload_bytes)
                 if rec.spec.keeps_checkpoints:  # resume from the checkpoint the submitter keeps
                     size = await self._fetch_checkpoint(rec, run_dir / "checkpoints")
                     if size is not None:
@@ -477,13 +477,13 @@ class RankHostRole:
                          preempted=run.preempted and not self.stopping)
         checkpoint = None
         if run.record.spec.keeps_checkpoints and (report.vacated or any(c != 0 for _, c in codes)):
-            checkpoint = await asyncio.to_thread(self._checkpoint_part, run)
+            checkpoint = await bulk.run(self._checkpoint_part, run)
             if checkpoint is not None and checkpoint[0] <= run.checkpoint_sent:
                 checkpoint = None  # the submitter has it already
         results: bytes | None = None
         if rank0_here and not report.vacated:
             try:
-                results = await asyncio.to_thread(self._collect, outdir, self.max_result_bytes)
+                results = await bulk.run(self._collect, outdir, self.max_result_bytes)
             except (FrenzyError, OSError) as exc:
                 log.warning("job %s attempt %d: results not collected: %s", run.job_id, run.attempt, exc)
         try:
@@ -654,7 +654,7 @@ class RankHostRole:
                 return
             t0 = self._now()
             try:
-                part = await asyncio.to_thread(self._checkpoint_part, run)
+                part = await bulk.run(self._checkpoint_part, run)  # beside the ranks: at a lower priority
                 if part is None or part[0] <= run.checkpoint_sent:
                     continue
                 step, hosts, data, sha = part
@@ -706,7 +706,7 @@ class RankHostRole:
             if not isinstance(data, bytes) or not data:
                 raise LaunchError("the submitter sent no checkpoint bytes")
             buf.extend(data)
-        await asyncio.to_thread(self._unpack, bytes(buf), sha, dest, self.max_checkpoint_bytes)
+        await bulk.run(self._unpack, bytes(buf), sha, dest, self.max_checkpoint_bytes)
         return len(buf)
 
     async def _copy_to(self, coordinator: str, report: JobExit) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import io
 import json
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from frenzyd.errors import AuthError, FrenzyError, JobStateError, LaunchError, WireError
+from frenzyd.jobs import bulk
 from frenzyd.jobs.context import (
     CHUNK,
     RESUBMIT_S,
@@ -736,7 +736,7 @@ class SubmitterRole:
         if len(buf) < msg.total:
             return Ack()
         data = bytes(self._ckpt_buf.pop(key))
-        if hashlib.sha256(data).hexdigest() != msg.sha256:
+        if await bulk.run(lambda: hashlib.sha256(data).hexdigest()) != msg.sha256:
             raise LaunchError("checkpoint part hash mismatch: altered or truncated in transit")
 
         def merge(parts: list[bytes]) -> tuple[bytes, str]:
@@ -748,9 +748,9 @@ class SubmitterRole:
                                       compresslevel=CHECKPOINT_COMPRESSLEVEL)
 
         try:
-            kept = await asyncio.to_thread(functools.partial(
+            kept = await bulk.run(  # on a node that may run ranks: at a lower priority than theirs
                 self.store.keep_checkpoint_part, rec.id, peer, data, attempt=msg.attempt, step=msg.step,
-                hosts=msg.hosts, merge=merge))
+                hosts=msg.hosts, merge=merge)
         except OSError as exc:  # a full disk: the next attempt starts from an older checkpoint
             log.warning("job %s: checkpoint of attempt %d not kept: %s", rec.id, msg.attempt, exc)
             return Ack(False, f"checkpoint not kept: {exc}")
