@@ -350,10 +350,16 @@ def policy(name: str) -> Any:
 
 
 def simulate(jobs: Sequence[LiveJob], name: str, model: Any) -> Any:
+    """The simulator on ``jobs``: the policy told what it measures of its starts and stops, seeded as
+    the live coordinators are (``restart_told``), the ranks' starts sharing the host's cores."""
+    from frenzyd.jobs.placement import RestartCosts
     from frenzyd.sim.simulator import simulate as run
 
+    told = restart_told(model)
+    learner = None if told is None else RestartCosts(start_s=told[0], stop_s=told[1])
     return run(Ticking(policy(name)), sim_jobs(jobs, model), cluster(), seed=0, clock=time.perf_counter,
-               preemption=model, step_time=lambda job, plan, peers: pace_s(plan), max_time_s=SIM_LIMIT_S)
+               preemption=model, step_time=lambda job, plan, peers: pace_s(plan), max_time_s=SIM_LIMIT_S,
+               restart_costs=learner)
 
 
 def sim_summary(res: Any) -> dict[str, Any]:
@@ -719,7 +725,7 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
                 "handover_s": round(max(0.0, sum(handovers) / len(handovers)), 2),
                 "load_s": round(max(0.0, sum(loads) / len(loads)), 2),
                 "samples": {"start_s": starts, "finish_s": finishes, "handover_s": handovers,
-                            "load_s": loads},
+                            "load_s": loads}, "host_cores": host_cpus(),
                 "how": "median of 3 alone gpt2 stand-ins (10 steps, 1 rank); mean of 2 preemptions of a long "
                        "gpt2 stand-in by a 4-step one on one simulated A100-80GB"}
     finally:
@@ -730,11 +736,19 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
             await asyncio.to_thread(d.stop, 30.0)
 
 
-def model_from(cal: dict[str, Any]) -> Any:
+def model_from(cal: dict[str, Any], host_cores: int | None = None) -> Any:
+    """The simulator's cost model from a calibration: its figures, every peer on one host of
+    ``host_cores`` (the calibration's own count when it records one, else this machine's)."""
     from frenzyd.sim.preemption import PreemptionModel
 
+    cores = int(cal.get("host_cores") or host_cores or host_cpus())
     return PreemptionModel(start_s=cal["start_s"], load_s=cal["load_s"], finish_s=cal["finish_s"],
-                           handover_s=cal["handover_s"], finish_step=True)
+                           handover_s=cal["handover_s"], finish_step=True, host_cores=cores)
+
+
+def host_cpus() -> int:
+    """The cores this process may run on: the loopback pool's daemons and ranks share them."""
+    return len(os.sched_getaffinity(0))
 
 
 def fifo_probe() -> str:
@@ -875,7 +889,7 @@ async def amain(args: argparse.Namespace) -> int:
 
 def resimulate(doc: dict[str, Any], cal: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The simulator side of a finished run (its JSON) again, with the costs ``cal``: (sim, compare)."""
-    model = model_from(cal)
+    model = model_from(cal, (doc.get("machine") or {}).get("cpus"))
     jobs = [LiveJob(**j) for j in doc["slice"]["jobs"]]
     sim: dict[str, Any] = {}
     for p, run in doc["runs"].items():

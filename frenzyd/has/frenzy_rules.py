@@ -36,7 +36,8 @@ SHRINK_TRIES = 4
 SHRINK_RATIO = 4.0
 """A donor must have at least this many times the blocked job's remaining time left."""
 SHRINK_MIN_RUN_S = 120.0
-"""A donor must have run this long since its last (re)start: no thrashing."""
+"""A donor must have made progress this long since its last (re)start's first step: no thrashing
+(``RunningJob.ran_s``: a start that takes longer than this does not count as running)."""
 UPGRADE_TRIES = 4
 """Running jobs (most time left first) considered per round for a move onto free GPUs of a faster type."""
 
@@ -174,7 +175,7 @@ def order_queue(rnd: Round, queued: tuple[JobView, ...]) -> list[JobView]:
 
 def _upgrade_candidates(rnd: Round) -> list[tuple[float, str, RunningJob]]:
     """The :data:`UPGRADE_TRIES` running jobs with most time left (ties: id) on a type slower than the
-    fastest free one, run at least ``min_run_s``, whose fastest plan anywhere ends them within half
+    fastest free one, ``min_run_s`` of progress there, whose fastest plan anywhere ends them within half
     their time left, restart included: popped from a heap until that many pass (no sort of all)."""
     speeds = rnd.speeds
     top = max(speeds[t] for t, n in rnd.free.count.items() if n > 0)
@@ -185,7 +186,7 @@ def _upgrade_candidates(rnd: Round) -> list[tuple[float, str, RunningJob]]:
     while heap and len(candidates) < UPGRADE_TRIES:
         neg_left, jid, run = heapq.heappop(heap)
         job = run.job
-        if rnd.now - run.started_s >= rnd.min_run_s and -neg_left > 2.0 * (
+        if run.ran_s(rnd.now) >= rnd.min_run_s and -neg_left > 2.0 * (
             job.restart_cost_s + job.remaining_steps * of(job).fastest
         ):
             candidates.append((-neg_left, jid, run))
@@ -483,8 +484,8 @@ def shrink_for(
     smaller MARP plan of its type) or, when no smaller plan frees enough,
     is stopped and requeued with its progress (returned as the first
     element); the GPUs it gives up, with the free ones, must hold
-    ``job``'s plan.  Donors: ran at least ``min_run_s`` since their last
-    start, not changed this round, and either with at least
+    ``job``'s plan.  Donors: ``min_run_s`` of progress since their last
+    start's first step, not changed this round, and either with at least
     :data:`SHRINK_RATIO` times ``job``'s remaining time left, or grown past
     their preferred size (they then shrink, at most back to that size).
     With ``beat_s`` (a yield: ``job`` could start on free GPUs and would take
@@ -508,7 +509,7 @@ def shrink_for(
         best: tuple[float, RunningJob, Plan | None, list[Gpu]] | None = None
         donors = usable[0] if len(usable) == 1 else heapq.merge(*usable)
         for neg_left, _, r in donors:
-            if r.job.job_id in moved or now - r.started_s < min_run_s:
+            if r.job.job_id in moved or r.ran_s(now) < min_run_s:
                 continue
             if beat_s is not None and 2.0 * mine + r.job.restart_cost_s >= beat_s:
                 continue
@@ -560,7 +561,7 @@ def move_for(rnd: Round, job: JobView, plan: Plan) -> Outcome | None:
     ``m'`` on the other type's best plan.  The sum of the two completion
     times drops when ``restart + m' < 2·m`` (an exchange argument; no
     tuned constant).  Candidates: running jobs of the type holding at
-    least the GPUs ``plan`` still lacks, run at least ``min_run_s``, not
+    least the GPUs ``plan`` still lacks, ``min_run_s`` of progress there, not
     changed this round; the one that gains most (ties: job id).  O(R·K)
     over the type's running jobs.
     """
@@ -574,7 +575,7 @@ def move_for(rnd: Round, job: JobView, plan: Plan) -> Outcome | None:
         if have_n < need:
             continue
         for neg_left, _, r in bucket:
-            if r.job.job_id in rnd.moved or rnd.now - r.started_s < rnd.min_run_s:
+            if r.job.job_id in rnd.moved or r.ran_s(rnd.now) < rnd.min_run_s:
                 continue
             restart = r.job.restart_cost_s
             budget = -2.0 * neg_left - restart  # m' must stay below 2·m − restart
@@ -674,7 +675,9 @@ def grow(rnd: Round, avail: dict[str, int], skip: set[str] | frozenset[str] = fr
     updated here; GPUs a mover gives up join it).  A job moves when its new
     plan (its own GPUs plus idle ones of a type) finishes it at least
     :data:`GROW_MIN_GAIN` sooner, restart included.  The :data:`GROW_TRIES`
-    running jobs with most work left (not in ``skip``: changed this round), in
+    running jobs with most work left (not in ``skip``: changed this round; not
+    still starting: a start cut short wastes the work it did, and a live pool's
+    starts share its hosts' CPUs), in
     that order, each at most once: O(R + GROW_TRIES·K·P).  Placements in
     discovery order: a move may use GPUs an earlier move gave up.
     """
@@ -687,10 +690,12 @@ def grow(rnd: Round, avail: dict[str, int], skip: set[str] | frozenset[str] = fr
     # usual case: the jobs with most work left are far from their last restart cost); else filter
     # all and take it again.
     top = heapq.nlargest(GROW_TRIES, lefts)
-    if any(left <= run.job.restart_cost_s * 2 or jid in skip for left, jid, run in top):
+    now = rnd.now
+    if any(left <= run.job.restart_cost_s * 2 or jid in skip or run.ran_s(now) < 0 for left, jid, run in top):
         top = heapq.nlargest(
             GROW_TRIES,
-            [lr for lr in lefts if lr[0] > lr[2].job.restart_cost_s * 2 and lr[1] not in skip],
+            [lr for lr in lefts
+             if lr[0] > lr[2].job.restart_cost_s * 2 and lr[1] not in skip and lr[2].ran_s(now) >= 0],
         )
     for now_left, _, run in top:
         if not any(n > 0 for n in avail.values()):

@@ -121,6 +121,14 @@ class RunningJob:
     gpus: tuple[Gpu, ...]
     started_s: float
     step_time_s: float | None = None
+    ready_s: float | None = None
+    """When its progress on these GPUs began or begins: a live pool's first step (``inf`` until it
+    comes: process start, rendezvous, checkpoint load), the simulator's start done.  None: not
+    known; policies count from ``started_s``."""
+
+    def ran_s(self, now_s: float) -> float:
+        """Seconds of progress on these GPUs by ``now_s``; negative while it is still starting."""
+        return now_s - (self.started_s if self.ready_s is None else self.ready_s)
 
 
 @dataclass(frozen=True, slots=True)

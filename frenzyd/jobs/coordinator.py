@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -55,6 +56,10 @@ from frenzyd.jobs.placement import (
 
 log = logging.getLogger(__name__)
 
+START_PATIENCE_S = 600.0
+"""A trainer attempt still without a first step this long after its placement counts as running for
+HAS, which may then stop or move it: a start that hangs does not hold its GPUs against the queue."""
+
 PLANNING = ("waiting for MARP's plans of this job shape (computed off the scheduling pass); "
             "placed on a later pass")
 """A queued job's message while its plans are computed (``placement.warm_plans``)."""
@@ -99,6 +104,8 @@ class CoordinatorRole:
         self._pending: dict[str, tuple[Placement, float]] = {}  # job -> placement waiting for GPUs, until
         self._stop_began: dict[tuple[str, int], float] = {}  # attempt being preempted -> when ordered
         self._start_began: dict[tuple[str, int], float] = {}  # attempt started -> when its placement began
+        self._first_step: dict[tuple[str, int], float] = {}  # attempt -> when its first step was seen
+        self._retry_at: dict[str, float] = {}  # pending job its submitter gave no attempt yet -> ask again
         self._stopped: dict[str, int] = {}  # job -> its last attempt preempted here, every rank exited
         self._refused: dict[tuple[str, str], tuple[float, int]] = {}  # (job, peer) -> (barred until, times)
         self.preemptions = 0
@@ -249,6 +256,10 @@ class CoordinatorRole:
             rec = self.table.get(key[0])
             if rec is None or rec.state != "running" or rec.attempt != key[1]:
                 del self._stop_began[key]
+        for key in list(self._first_step):
+            rec = self.table.get(key[0])
+            if rec is None or rec.state != "running" or rec.attempt != key[1]:
+                del self._first_step[key]
         for key, began in list(self._start_began.items()):
             rec = self.table.get(key[0])
             if rec is None or rec.state != "running" or rec.attempt != key[1]:
@@ -257,6 +268,7 @@ class CoordinatorRole:
             progress = self._progress(v, rec)
             if progress.get("attempt") == key[1] and isinstance(progress.get("step"), int):
                 del self._start_began[key]
+                self._first_step[key] = now
                 if self.restart.observe_start(now - began, restart_key(rec.spec)):
                     log.info("job %s attempt %d: first step %.1fs after its placement; restart cost now "
                              "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], now - began,
@@ -267,9 +279,18 @@ class CoordinatorRole:
         return self.restart.to_dict()
 
     def _running_info(self, v: ClusterView, rec: JobRecord) -> RunningInfo:
+        """The job as HAS sees it.  Its progress counts from its first step (``ready_s``): a trainer
+        attempt whose first step has not come is still starting (inf), and HAS leaves it to start;
+        an attempt started before this term (its start not measured here) counts from its start."""
         assert rec.plan is not None
+        key = (rec.id, rec.attempt)
+        ready = self._first_step.get(key)
+        began = self._start_began.get(key)
+        if ready is None and began is not None and self.ctx.clock() - began < START_PATIENCE_S:
+            ready = math.inf
         return RunningInfo(rec.id, rec.spec, rec.plan, tuple((r.peer, r.gpu_index) for r in rec.ranks),
-                           rec.started_at or self.ctx.clock(), self._done_steps(v, rec), owner=rec.owner)
+                           rec.started_at or self.ctx.clock(), self._done_steps(v, rec), owner=rec.owner,
+                           ready_s=ready)
 
     def _bar(self, job_id: str, peer: str) -> None:
         """``peer`` refused (or did not take) the job's lease or launch: place the job elsewhere for a
@@ -306,21 +327,24 @@ class CoordinatorRole:
     def _start_pending(self, v: ClusterView) -> None:
         """Start the placements that waited for a preempted job's GPUs, once those GPUs are free."""
         now = self.ctx.clock()
+        for job_id in [j for j in self._retry_at if j not in self._pending and j not in self._placing]:
+            del self._retry_at[job_id]
         for job_id, (pl, until) in list(self._pending.items()):
             cur = self.table.get(job_id)
             if cur is None or cur.terminal or now > until:
                 del self._pending[job_id]
                 self._unreserve(job_id)
                 continue
-            if cur.state != "queued" or job_id in self._placing:
-                continue  # a stopped job's own new plan: it has not stopped yet
+            if cur.state != "queued" or job_id in self._placing or now < self._retry_at.get(job_id, now):
+                continue  # a stopped job's own new plan: it has not stopped yet; or asked a moment ago
             others = {g: j for g, j in self._reserved.items() if j != job_id}
             free = {g.uuid for p in offers_from_reports(v.peers, others) for g in p.gpus if g.available}
             if not all(r.gpu in free for r in pl.ranks):
                 continue
             del self._pending[job_id]
             self._placing.add(job_id)
-            log.info("job %s: the GPUs kept for it are free; starting it", job_id)
+            (log.debug if job_id in self._retry_at else log.info)(
+                "job %s: the GPUs kept for it are free; starting it", job_id)
             self.ctx.spawn(self._start(cur, pl, v, pending_until=until), f"start {job_id}")
 
     def _offers(self, v: ClusterView) -> list[PeerOffer]:
@@ -371,6 +395,7 @@ class CoordinatorRole:
                         and cur.state == "queued" and rec.id not in self._pending:
                     log.debug("job %s: its submitter gives no new attempt yet; the GPUs stay kept for it",
                               rec.id)
+                    self._retry_at[rec.id] = self.ctx.clock() + self.ctx.heartbeat_s  # its next report
                     self._pending[rec.id] = (pl, pending_until)
                     for r in pl.ranks:
                         self._reserved[r.gpu] = rec.id

@@ -572,7 +572,9 @@ class QueuedJob:
 @dataclass(frozen=True, slots=True)
 class RunningInfo:
     """A running checkpointable job as the scheduler sees it: its plan, its GPUs in rank order as
-    (peer, GPU index), when its attempt started (the caller's clock) and the steps it has done."""
+    (peer, GPU index), when its attempt started (the caller's clock), the steps it has done and when
+    its first step came (``ready_s``: inf while it still starts, None when not known; see
+    ``has.interface.RunningJob.ready_s``)."""
 
     job_id: str
     spec: JobSpec
@@ -581,6 +583,7 @@ class RunningInfo:
     started_s: float
     done_steps: int = 0
     owner: str | None = None
+    ready_s: float | None = None
 
 
 DEFAULT_START_S = 60.0
@@ -1101,8 +1104,9 @@ def schedule(
     all_views = [_view_of(j, a, d, restart, w) for (j, d), a, w in zip(derived, arrivals, work, strict=True)]
     views, run_views = all_views[:queued_n], all_views[queued_n:]
     running_jobs = tuple(
+        # step time: MARP's (paced for a stand-in), as the queued jobs' plans
         RunningJob(job=v, plan=_has_plan(r.plan), gpus=tuple(g), started_s=r.started_s,
-                   step_time_s=_running_step_s(r))  # MARP's (paced for a stand-in), as the queued jobs' plans
+                   step_time_s=_running_step_s(r), ready_s=r.ready_s)
         for v, (r, g) in zip(run_views, runs, strict=True)
     )
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))

@@ -22,7 +22,8 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from frenzyd.errors import SchedulerError
 from frenzyd.has.interface import (
@@ -44,6 +45,18 @@ from frenzyd.sim.preemption import DEFAULT, PreemptionModel
 
 MAX_OOM_RESUBMITS = 3
 _EPS = 1e-9
+_INF = float("inf")
+
+
+class RestartLearner(Protocol):
+    """What a live coordinator learns of its pool's restart costs (``jobs.placement.RestartCosts``):
+    the simulator feeds it the starts and stops it simulates and tells the policy what it holds."""
+
+    def observe_start(self, seconds: float, model: str | None = None) -> bool: ...
+
+    def observe_stop(self, seconds: float, model: str | None = None) -> bool: ...
+
+    def for_model(self, model: str | None) -> tuple[float, float]: ...
 
 
 PlanKey = tuple[str, int, int, int, int, int, int, int]
@@ -102,20 +115,27 @@ class _State:
     lost_s: float = 0.0  # progress seconds lost to stops, in all
     gpu_types: list[str] = field(default_factory=list)  # the type of every placement, in order
     stop_cost_s: float = 0.0  # what a stop adds to the restart (the checkpoint write), shown to policies
+    begin_s: float = 0.0  # when the placement's start began (its GPUs free)
+    start_left: float = 0.0  # host_cores: CPU seconds of start work each rank still has to do
 
-    def view(self) -> JobView:
+    def view(self, told: tuple[float, float] | None = None) -> JobView:
+        """The policy's view; ``told``: the (start, stop) seconds a learner holds for the job's model
+        (its speed must then carry ``restart_s``, as ``jobs.placement.PoolSpeed`` does)."""
+        speed, stop = self.job.speed, self.stop_cost_s
+        if told is not None:
+            speed, stop = replace(speed, restart_s=told[0]), told[1]  # type: ignore[call-arg]
         return JobView(
             job_id=self.job.job_id,
             arrival_s=self.job.arrival_s,
             requested_gpus=self.requested,
             plans=self.job.plans,
-            speed=self.job.speed,
+            speed=speed,
             total_steps=self.job.total_steps,
             remaining_steps=self.remaining,
             restarts=max(0, self.placements - 1),
             service_s=tuple(sorted(self.service.items())),
             global_batch=self.job.global_batch,
-            stop_cost_s=self.stop_cost_s,
+            stop_cost_s=stop,
         )
 
 
@@ -130,6 +150,7 @@ def simulate(
     max_time_s: float = 365 * 86400.0,
     preemption: PreemptionModel = DEFAULT,
     step_time: Callable[[SimJob, Plan, int], float] | None = None,
+    restart_costs: RestartLearner | None = None,
 ) -> PolicyResult:
     """Run ``policy`` over ``jobs`` on ``cluster``; every job ends exactly once (completed/failed/unfinished).
 
@@ -138,7 +159,12 @@ def simulate(
     ``step_time(job, plan, peers)``: the seconds per step a placement really
     runs at, when that is not the job's speed model (a live pool's paced
     stand-ins, ``scripts/bench_live.py``); the policies still see the speed
-    model and the plans' own step times, as the live coordinator's do.  Raises
+    model and the plans' own step times, as the live coordinator's do.
+    ``restart_costs``: tell the policy what this learner holds for each job's
+    model as its restart and stop costs, and feed it every simulated start
+    (its GPUs free to its first step) and stop (the order to its GPUs' handover),
+    as a live coordinator measures its pool.  With ``preemption.host_cores``
+    the ranks starting at once share the host's cores (``sim.preemption``).  Raises
     :class:`SchedulerError` when the policy returns an impossible decision
     (a GPU twice, a GPU not free, a plan on the wrong GPUs, tp across peers).
     """
@@ -176,6 +202,54 @@ def simulate(
     time_driven = bool(getattr(policy, "time_driven", False))
     ended = 0
     steps = 0
+    cores = preemption.host_cores
+    starting: dict[str, _State] = {}  # host_cores: placements whose start work is not done
+    ps_at = now  # the time the starts' work was last brought up to
+
+    def told(st: _State) -> tuple[float, float] | None:
+        return None if restart_costs is None else restart_costs.for_model(st.job.model)
+
+    def queue_end(st: _State) -> None:
+        """Its start done (``ready_s`` known): the event of its end (or its out-of-memory failure)."""
+        work = st.remaining * st.step_s + preemption.finish_s
+        end = st.ready_s if st.oom_pending else st.ready_s + work
+        heapq.heappush(heap, (end, 1 if st.oom_pending else 0, st.job.job_id, st.version))
+        if restart_costs is not None:
+            restart_costs.observe_start(st.ready_s - st.begin_s, st.job.model)
+
+    def ps_rate(t: float) -> tuple[float, float]:
+        """(each active start's work per second, when the next start becomes active) at ``t``."""
+        ranks = sum(len(st.gpus) for st in starting.values() if st.begin_s <= t + _EPS)
+        later = min((st.begin_s for st in starting.values() if st.begin_s > t + _EPS), default=_INF)
+        assert cores is not None
+        return (min(1.0, cores / ranks) if ranks else 0.0), later
+
+    def ps_next() -> float:
+        """When the next start finishes or begins, at the current rates."""
+        if not starting:
+            return _INF
+        rate, later = ps_rate(ps_at)
+        done = min((ps_at + st.start_left / rate for st in starting.values()
+                    if rate > 0 and st.begin_s <= ps_at + _EPS), default=_INF)
+        return min(done, later)
+
+    def ps_advance(t: float) -> None:
+        """Bring every start's work up to ``t`` (processor sharing of the host's cores); a start that
+        finishes gets its ``ready_s`` and its end event."""
+        nonlocal ps_at
+        while starting and ps_at < t - _EPS:
+            rate, later = ps_rate(ps_at)
+            active = [st for st in starting.values() if st.begin_s <= ps_at + _EPS]
+            nxt = min([t, later] + [ps_at + st.start_left / rate for st in active if rate > 0])
+            for st in active:
+                st.start_left -= (nxt - ps_at) * rate
+                if st.start_left <= 1e-7:
+                    st.start_left = 0.0
+                    st.ready_s = nxt
+                    del starting[st.job.job_id]
+                    queue_end(st)
+            ps_at = nxt
+        ps_at = max(ps_at, t)
 
     def advance(st: _State, t: float) -> None:
         if st.status != "running":
@@ -202,6 +276,8 @@ def simulate(
             st.ckpt_ready_s = t + drain + preemption.handover_s
             for g in st.gpus:
                 free_at[g] = st.ckpt_ready_s
+            if restart_costs is not None:  # the stop order to the GPUs' handover, as measured live
+                restart_costs.observe_stop(st.ckpt_ready_s - t, st.job.model)
             return
         lost, write = preemption.stop_cost(st.job.speed.params, progress_s, st.step_s)
         if lost > 0 and st.step_s > 0:
@@ -211,6 +287,7 @@ def simulate(
 
     def release(st: _State, t: float) -> None:
         nonlocal busy
+        starting.pop(st.job.job_id, None)
         busy += (t - st.placed_s) * len(st.gpus)
         free.update(st.gpus)
         running.pop(st.job.job_id, None)
@@ -261,7 +338,8 @@ def simulate(
             resumed = st.remaining < st.job.total_steps
             begin = max([t, st.ckpt_ready_s] + [free_at.get(g, t) for g in pl.gpus])
             restart = preemption.restart_s(st.job.speed.restart_cost_s, resumed=resumed)
-            st.ready_s = begin + restart + st.write_delay_s
+            st.begin_s = begin + st.write_delay_s
+            st.ready_s = st.begin_s + restart
             st.write_delay_s = 0.0
             st.placements += 1
             st.gpu_types.append(pl.plan.gpu_type)
@@ -274,9 +352,11 @@ def simulate(
             st.oom_pending = not plan_fits(st.job, pl.plan)
             st.version += 1
             running[pl.job_id] = st
-            work = st.remaining * st.step_s + preemption.finish_s
-            end = st.ready_s if st.oom_pending else st.ready_s + work
-            heapq.heappush(heap, (end, 1 if st.oom_pending else 0, pl.job_id, st.version))
+            if cores is not None and restart > 0:  # the start's work shares the host's cores
+                st.start_left, st.ready_s = restart, _INF
+                starting[pl.job_id] = st
+            else:
+                queue_end(st)
             changed = True
         return changed
 
@@ -287,10 +367,12 @@ def simulate(
             heapq.heappop(heap)
         t_end = heap[0][0] if heap else float("inf")
         t_tick = next_tick if (running or queue) else float("inf")
-        t = min(t_arr, t_end, t_tick)
+        t = min(t_arr, t_end, t_tick, ps_next())
         if t == float("inf") or t > max_time_s + (arrivals[0].arrival_s if arrivals else 0.0):
             break  # stuck: queued jobs the policy never places and nothing left to happen
         now = t
+        if cores is not None:
+            ps_advance(now)
         reason: Reason = "round"
         event = False
         while heap and heap[0][0] <= now + _EPS:
@@ -342,10 +424,11 @@ def simulate(
             reason=reason,
             cluster=cluster,
             free=tuple(sorted(free)),
-            queued=tuple(states[j].view() for j in queue),
+            queued=tuple(states[j].view(told(states[j])) for j in queue),
             running=tuple(
                 RunningJob(
-                    job=st.view(), plan=st.plan, gpus=st.gpus, started_s=st.placed_s, step_time_s=st.step_s
+                    job=st.view(told(st)), plan=st.plan, gpus=st.gpus, started_s=st.placed_s,
+                    step_time_s=st.step_s, ready_s=st.ready_s,
                 )
                 for st in sorted(running.values(), key=lambda s: s.job.job_id)
                 if st.plan is not None

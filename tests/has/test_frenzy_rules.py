@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from frenzyd.gpu_types import GPU_TYPES
 from frenzyd.has import frenzy
@@ -453,3 +454,32 @@ def test_grow_alone_uses_only_the_idle_gpus_it_is_given() -> None:
     # A job changed earlier in the round is skipped.
     rnd = rules_round(snap)
     assert grow(rnd, dict(rnd.free.count), skip={"solo"}) == []
+
+
+def test_a_job_still_starting_is_neither_grown_nor_a_donor() -> None:
+    # Placed 3,000 s ago but its first step has not come (ready_s inf: a live start): growth leaves it.
+    snap = grow_case(1000.0)
+    started = replace(snap.running[0], ready_s=float("inf"))
+    rnd = rules_round(replace(snap, running=(started,)))
+    assert grow(rnd, dict(rnd.free.count)) == []
+    # Its first step came just now: it may grow (growth needs no time run, only a gain).
+    rnd = rules_round(replace(snap, running=(replace(started, ready_s=snap.now_s),)))
+    assert [p.job_id for p in grow(rnd, dict(rnd.free.count))] == ["solo"]
+    # A shrink donor needs min_run_s of progress since its first step, not since its placement.
+    cluster, gpus = one_peer()
+    short = shrink_case(100_000.0).queued[0]
+    long = job("long", 0.0, (plan(4, 1.0),), remaining=100_000.0)
+    for ready, donor in ((float("inf"), False), (3600.0 - 60.0, False), (3600.0 - 200.0, True)):
+        running = (RunningJob(long, long.plans[0], gpus, 3000.0, step_time_s=1.0, ready_s=ready),)
+        rnd = rules_round(Snapshot(3600.0, "arrival", cluster, (), (short,), running))
+        order_queue(rnd, (short,))
+        assert shrink_blocked(rnd, short, rnd.shapes["short"], frenzy.GAMMA_ALONE) is donor, ready
+
+
+def test_ran_s_counts_progress_from_the_first_step() -> None:
+    cluster, gpus = one_peer()
+    long = job("long", 0.0, (plan(4, 1.0),), remaining=10.0)
+    run = RunningJob(long, long.plans[0], gpus, 100.0)
+    assert run.ran_s(160.0) == 60.0  # not known: from its placement
+    assert replace(run, ready_s=130.0).ran_s(160.0) == 30.0
+    assert replace(run, ready_s=float("inf")).ran_s(160.0) < 0  # still starting

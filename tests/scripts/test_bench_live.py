@@ -206,3 +206,98 @@ def test_the_stop_cost_shown_to_policies_is_what_a_stop_adds() -> None:
     assert PreemptionModel(save_on_stop=False).shown_stop_s(10**8) == 0.0  # periodic: nothing more
     assert PreemptionModel(charge=False).shown_stop_s(10**8) == 0.0
     assert LOOPBACK_STAND_IN.shown_stop_s(10**8) == LOOPBACK_STAND_IN.handover_s
+
+
+class _PlaceAll:
+    """Places every queued job on the first free GPUs its first plan needs."""
+
+    name = "place-all"
+    round_s: float | None = None
+
+    def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
+        del rng
+        free = list(snapshot.free)
+        out = []
+        for j in snapshot.queued:
+            p = j.plans[0]
+            if len(free) >= p.gpus:
+                out.append(Placement(j.job_id, p, tuple(free[:p.gpus])))
+                free = free[p.gpus:]
+        return Decision(placements=tuple(out))
+
+
+def test_starts_share_the_hosts_cores() -> None:
+    """With ``host_cores``, a start's ``start_s`` is CPU work of each rank, at most a core a rank:
+    a 1-rank job and a 3-rank job starting together on 2 cores share them (4 ranks, half a core
+    each), the lone rank's start ends at 2·start_s; without it each start takes start_s."""
+    gpus = tuple(Gpu("n0", i, "A100-80GB") for i in range(4))
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55),), gpus)
+    jobs = [_job("one", 0.0, 2.0, (_plan("A100-80GB", 1, 1.0),)),
+            _job("three", 0.0, 2.0, (_plan("A100-80GB", 3, 1.0),))]
+
+    def ends(cores: int | None) -> dict[str, float]:
+        model = PreemptionModel(start_s=4.0, finish_step=True, host_cores=cores)
+        r = simulate(_PlaceAll(), jobs, cluster, seed=0, clock=time.perf_counter, preemption=model,
+                     step_time=lambda job, p, peers: p.step_time_s)
+        return {o.job_id: o.end_s for o in r.outcomes}
+
+    assert ends(None) == {"one": pytest.approx(6.0), "three": pytest.approx(6.0)}
+    assert ends(8) == {"one": pytest.approx(6.0), "three": pytest.approx(6.0)}  # a core for each rank
+    # 4 ranks on 2 cores: both starts at half speed until 8 s; both done by then; 2 steps each.
+    assert ends(2) == {"one": pytest.approx(10.0), "three": pytest.approx(10.0)}
+    # 4 ranks on 1 core: a quarter speed each, 16 s.
+    assert ends(1) == {"one": pytest.approx(18.0), "three": pytest.approx(18.0)}
+    with pytest.raises(ValueError, match="host_cores"):
+        PreemptionModel(host_cores=2)  # needs a calibrated start_s
+    with pytest.raises(ValueError, match="host_cores"):
+        PreemptionModel(start_s=1.0, host_cores=0)
+
+
+def test_a_start_that_begins_later_shares_the_cores_from_then() -> None:
+    """One rank starts at 0 on one core; a second arrives at 2: 2 s of 4 done alone, the other 2 s
+    at half speed (4 s), so the first is ready at 6; the second then runs alone for its last 2."""
+    gpus = tuple(Gpu("n0", i, "A100-80GB") for i in range(2))
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55),), gpus)
+    p = _plan("A100-80GB", 1, 1.0)
+    jobs = [_job("first", 0.0, 1.0, (p,)), _job("second", 2.0, 1.0, (p,))]
+    model = PreemptionModel(start_s=4.0, finish_step=True, host_cores=1)
+    r = simulate(_PlaceAll(), jobs, cluster, seed=0, clock=time.perf_counter, preemption=model,
+                 step_time=lambda job, pl, peers: pl.step_time_s)
+    end = {o.job_id: o.end_s for o in r.outcomes}
+    # second: 2 s of work done by 6 (half speed from 2), 2 s alone: ready at 8, one step: 9.
+    assert end == {"first": pytest.approx(7.0), "second": pytest.approx(9.0)}
+
+
+def test_the_policy_is_told_what_the_simulator_measures_as_the_coordinator_is() -> None:
+    """``restart_costs``: each simulated start (GPUs free to first step) and stop (order to handover)
+    is fed to the learner, and the policy sees its (start, stop) for the job's model."""
+    from frenzyd.jobs.placement import RestartCosts
+
+    cluster = Cluster((GpuTypeSpec("A100-80GB", 80 << 30, 2.55),), (Gpu("n0", 0, "A100-80GB"),))
+    plan = _plan("A100-80GB", 1, 2.0)
+    jobs = [replace_speed(_job("A", 0.0, 100.0, (plan,))), replace_speed(_job("B", 10.0, 5.0, (plan,)))]
+    model = PreemptionModel(start_s=3.0, load_s=1.0, finish_s=0.25, handover_s=0.5, finish_step=True)
+    learner = RestartCosts(start_s=60.0, stop_s=30.0, weight=1.0)  # weight 1: the last measurement
+    told: list[float] = []
+
+    class Watching(_MakeRoomForB):
+        def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
+            told.extend(j.restart_cost_s for j in snapshot.queued)
+            return super().decide(snapshot, rng)
+
+    simulate(Watching(), jobs, cluster, seed=0, clock=time.perf_counter, preemption=model,
+             step_time=lambda job, p, peers: p.step_time_s, restart_costs=learner)
+    assert told[0] == 90.0  # before any measurement: the seeds
+    # A's stop: its step's last second and the handover (1.5 s); B's start 3 s; A's resumed start 4 s.
+    assert learner.stops == 1 and learner.stop_s == pytest.approx(1.5)
+    assert learner.starts == 3 and learner.start_s == pytest.approx(4.0)
+    assert told[-1] == pytest.approx(3.0 + 1.5)  # A requeued, told B's start and its own stop
+
+
+def replace_speed(job: SimJob) -> SimJob:
+    """The job with a speed model that carries its restart cost (as the live pool's ``PoolSpeed``)."""
+    from dataclasses import replace
+
+    from frenzyd.jobs.placement import PoolSpeed
+
+    return replace(job, speed=PoolSpeed(params=job.speed.params, flops_per_step=job.speed.flops_per_step))
