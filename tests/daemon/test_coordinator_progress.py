@@ -1,0 +1,71 @@
+"""What the coordinator tells HAS of a running attempt's progress: a trainer attempt is starting (not
+to be stopped or moved) until its submitter reports its first step, and counts from that step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from frenzyd.jobs import coordinator as coordinator_mod
+from frenzyd.jobs.context import ClusterView, RoleContext
+from frenzyd.jobs.coordinator import CoordinatorRole
+from frenzyd.jobs.lifecycle import BeginAttempt, Placed, step
+from frenzyd.jobs.model import JobPlan, JobRecord, JobSpec, RankAssignment, new_record
+
+SPEC = JobSpec(argv=(), payload_sha256="ab" * 32, payload_size=10, python_version="3.11.7",
+               torch_version="2.13.0", model="gpt2", seq_len=128, global_batch=8, steps=100, trainer=True,
+               data_name="corpus.txt")
+PLAN = JobPlan("A100-80GB", gpus=1, dp=1, tp=1, pp=1, zero=0, bytes_per_gpu=1, source="marp")
+
+
+def running(c: CoordinatorRole) -> JobRecord:
+    """Job ``j`` queued in ``c``'s table, then running its attempt 1 on one GPU."""
+    queued = c.table.submit(new_record("j", SPEC, "sub", "sub", 0.0))
+    rec = step(step(queued, BeginAttempt(), now=1.0),
+               Placed(1, (RankAssignment(0, "p", "n", "G0", 0, 0),), term=1, plan=PLAN), now=2.0)
+    c.table.update(rec)
+    return rec
+
+
+def view(progress: dict[str, Any] | None) -> ClusterView:
+    jobs = [{"id": "j", "progress": progress}] if progress is not None else []
+    return ClusterView(coordinator="me", term=1, peers={"sub": {"jobs": jobs}})
+
+
+def role(clock: list[float]) -> CoordinatorRole:
+    async def send(peer: str, msg: Any, timeout_s: float) -> dict[str, Any]:
+        raise AssertionError("nothing is sent here")
+
+    ctx = RoleContext("me", "me", send=send, send_order=send, view=lambda: view(None),
+                      spawn=lambda coro, name: coro.close(), wake=lambda: None, clock=lambda: clock[0])
+    return CoordinatorRole(ctx)
+
+
+def test_a_trainer_attempt_is_starting_until_its_first_step_then_counts_from_it() -> None:
+    clock = [10.0]
+    c = role(clock)
+    rec = running(c)
+    c._start_began[(rec.id, rec.attempt)] = 5.0  # as _start records a trainer attempt's placement
+    assert c._running_info(view(None), rec).ready_s == math.inf  # no step yet: leave it to start
+    clock[0] = 30.0
+    c._measure_starts(view({"attempt": 1, "step": 1}), clock[0])  # the submitter reports step 1
+    clock[0] = 90.0
+    info = c._running_info(view({"attempt": 1, "step": 40}), rec)
+    assert info.ready_s == 30.0
+    assert info.done_steps == 40
+    assert c.restart.starts == 1  # the same report measured the start (25 s)
+
+
+def test_a_start_that_hangs_counts_as_running_after_the_patience() -> None:
+    clock = [10.0]
+    c = role(clock)
+    rec = running(c)
+    c._start_began[(rec.id, rec.attempt)] = 10.0
+    clock[0] = 10.0 + coordinator_mod.START_PATIENCE_S + 1.0
+    assert c._running_info(view(None), rec).ready_s is None  # HAS counts from its start: may stop it
+
+
+def test_an_attempt_started_before_this_term_counts_from_its_start() -> None:
+    c = role([10.0])
+    rec = running(c)
+    assert c._running_info(view({"attempt": 1, "step": 3}), rec).ready_s is None
