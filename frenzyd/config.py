@@ -334,8 +334,9 @@ KEYS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "jobs",
         "min_run_s",
         "120.0",
-        "least time a checkpointable job (the built-in trainer) runs on a placement before the scheduler "
-        "may preempt, shrink, grow or move it (each change costs a checkpoint and a restart)",
+        "least progress a checkpointable job (the built-in trainer) makes on a placement, counted from its "
+        "first step there, before the scheduler may preempt, shrink or move it (each change costs a "
+        "checkpoint and a restart); a job whose first step has not come is not changed, nor grown",
     ),
     (
         "jobs",
