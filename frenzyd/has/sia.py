@@ -20,6 +20,9 @@ Faithful to the paper and its artifact (``siasosp23/artifacts``,
   used ≤ GPUs in the cluster, jobs in their restart (checkpoint-restore)
   keep their configuration; a job that is not running may only take its
   minimum GPU count on a type, a running job at most twice its current count;
+* jobs enter the ILP in arrival order (the artifact's job list is in
+  submission order), whoever holds GPUs, so the solver breaks ties between
+  equal-objective allocations the same way every round;
 * binary ILP solved by HiGHS (``scipy.optimize.milp``; HiGHS' MIP search is
   single-threaded) with ``mip_rel_gap = 1 %`` (the artifact: CBC at 1 %) and a
   per-solve time limit; a solve that hits the limit is counted
@@ -102,7 +105,14 @@ class SiaPolicy:
         configs = self._cfgs(cluster)
         speeds = {t.name: t.speed for t in cluster.types}
         running = {r.job.job_id: r for r in snapshot.running}
-        jobs: list[JobView] = [r.job for r in snapshot.running] + list(snapshot.queued)
+        # The ILP's rows in arrival order, as the artifact's job list (submission order), never
+        # running-first: equal-objective allocations are common (a job with one configuration costs
+        # the same running or queued) and the solver settles them by position, so an order that
+        # moved the running job to the front would hand its GPUs to the last queued job and back
+        # every round, each restart losing the round's progress.
+        jobs: list[JobView] = sorted(
+            [r.job for r in snapshot.running] + list(snapshot.queued), key=lambda j: (j.arrival_s, j.job_id)
+        )
         if not jobs:
             return Decision()
         totals: dict[str, int] = {}
