@@ -20,9 +20,12 @@ Faithful to the paper and its artifact (``siasosp23/artifacts``,
   used ≤ GPUs in the cluster, jobs in their restart (checkpoint-restore)
   keep their configuration; a job that is not running may only take its
   minimum GPU count on a type, a running job at most twice its current count;
-* jobs enter the ILP in arrival order (the artifact's job list is in
-  submission order), whoever holds GPUs, so the solver breaks ties between
-  equal-objective allocations the same way every round;
+* ties between equal-objective allocations (common: a job with one
+  configuration costs the same running or queued) are broken on purpose, not
+  by the solver's row order: a running job keeps its configuration (a move
+  would cost a restart for nothing), then the oldest job first; each cost
+  moves by less than ``TIE_SPAN / #jobs`` so no tie-break outweighs the 0.01
+  step of ``round(G^p, 2)``;
 * binary ILP solved by HiGHS (``scipy.optimize.milp``; HiGHS' MIP search is
   single-threaded) with ``mip_rel_gap = 1 %`` (the artifact: CBC at 1 %) and a
   per-solve time limit; a solve that hits the limit is counted
@@ -48,6 +51,7 @@ ROUND_S = 60.0
 MIP_REL_GAP = 0.01
 DEFAULT_TIME_LIMIT_S = 10.0
 ZERO_ALLOC_GAIN = 1e-4
+TIE_SPAN = 0.004
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +109,7 @@ class SiaPolicy:
         configs = self._cfgs(cluster)
         speeds = {t.name: t.speed for t in cluster.types}
         running = {r.job.job_id: r for r in snapshot.running}
-        # The ILP's rows in arrival order, as the artifact's job list (submission order), never
-        # running-first: equal-objective allocations are common (a job with one configuration costs
-        # the same running or queued) and the solver settles them by position, so an order that
-        # moved the running job to the front would hand its GPUs to the last queued job and back
-        # every round, each restart losing the round's progress.
+        # Rows in arrival order (the artifact's job list is in submission order) for the tie-break.
         jobs: list[JobView] = sorted(
             [r.job for r in snapshot.running] + list(snapshot.queued), key=lambda j: (j.arrival_s, j.job_id)
         )
@@ -122,6 +122,13 @@ class SiaPolicy:
         cost: list[float] = []
         fixed: list[int] = []
         now = snapshot.now_s
+        # Equal-objective allocations are common (a job with one configuration costs the same running
+        # or queued) and HiGHS settles them by row position (the last of three or more rows): running
+        # jobs listed first once handed their GPUs to the last queued job and back every round, each
+        # restart losing the round's progress.  So the tie-break is explicit: the current
+        # configuration of a running job, then older jobs.  Any two allocations' tie terms differ by
+        # less than 2 * TIE_SPAN < 0.01, the step of the rounded costs.
+        tie = TIE_SPAN / len(jobs)
         for i, job in enumerate(jobs):
             plan_of = {(p.gpu_type, p.gpus): p for p in job.plans}
             min_on: dict[str, int] = {}
@@ -160,7 +167,7 @@ class SiaPolicy:
                 if restoring:
                     fixed.append(len(cols))
                 cols.append((i, c_idx, plan))
-                cost.append(a - LAMBDA_NO_ALLOC)
+                cost.append(a - LAMBDA_NO_ALLOC + (-tie if is_current else tie * (i + 1) / len(jobs)))
         if not cols:
             return Decision()
         chosen, timed_out = self._solve(

@@ -1,4 +1,4 @@
-"""Sia on small hand-made cases: ties in its ILP do not hand a GPU back and forth."""
+"""Sia on small hand-made cases: how ties in its ILP are broken, and that they do not starve a job."""
 
 from __future__ import annotations
 
@@ -38,18 +38,23 @@ def _holder(snap: Snapshot) -> str:
     return (keep | placed).pop()
 
 
-def test_a_tie_goes_to_the_same_job_whichever_holds_the_gpu() -> None:
-    """Two jobs with one 1-GPU configuration each cost Sia the same, running or queued: the ILP is
-    the same problem whichever of them holds the GPU, so its answer must be too (else the GPU
-    changes hands every round)."""
-    a, b = _view("a", 0.0, 2), _view("b", 100.0, 1)
-    now = 10_000.0  # both long past their restart (checkpoint-restore)
+# Three jobs whose one configuration is one T4: they cost Sia the same, running or queued.
+TIED = (_view("a", 0.0, 2), _view("b", 100.0, 1), _view("c", 200.0, 4))
+NOW = 10_000.0  # long past any restart (checkpoint-restore)
 
-    def runs(job: JobView, waits: JobView) -> Snapshot:
-        on = RunningJob(job, job.plans[0], ONE_T4.gpus, now - 600.0, job.plans[0].step_time_s)
-        return Snapshot(now, "round", ONE_T4, (), (waits,), (on,))
 
-    assert _holder(runs(a, b)) == _holder(runs(b, a))
+def test_a_tie_leaves_the_gpu_with_the_job_that_holds_it() -> None:
+    """Moving the GPU to an equal job gains Sia's objective nothing and costs a restart.  HiGHS
+    gives a tie to the last of three or more rows: with running jobs listed first, the GPU went to
+    the newest queued job, then back, every round."""
+    for on in TIED:
+        run = RunningJob(on, on.plans[0], ONE_T4.gpus, NOW - 600.0, on.plans[0].step_time_s)
+        waiting = tuple(j for j in TIED if j is not on)
+        assert _holder(Snapshot(NOW, "round", ONE_T4, (), waiting, (run,))) == on.job_id
+
+
+def test_a_free_gpu_goes_to_the_oldest_of_equal_jobs() -> None:
+    assert _holder(Snapshot(NOW, "round", ONE_T4, ONE_T4.gpus, TIED, ())) == "a"
 
 
 def test_jobs_that_fit_one_gpu_all_finish() -> None:
