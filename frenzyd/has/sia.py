@@ -19,7 +19,8 @@ Faithful to the paper and its artifact (``siasosp23/artifacts``,
   ``λ = 1.1``; constraints: at most one configuration per job, per type GPUs
   used ≤ GPUs in the cluster, jobs in their restart (checkpoint-restore)
   keep their configuration; a job that is not running may only take its
-  minimum GPU count on a type, a running job at most twice its current count;
+  smallest configuration on a type (one with a feasible plan), a running job
+  at most twice its current count;
 * ties between equal-objective allocations (common: a job with one
   configuration costs the same running or queued) are broken on purpose, not
   by the solver's row order: a running job keeps its configuration (a move
@@ -131,9 +132,12 @@ class SiaPolicy:
         tie = TIE_SPAN / len(jobs)
         for i, job in enumerate(jobs):
             plan_of = {(p.gpu_type, p.gpus): p for p in job.plans}
+            # The smallest configuration with a plan, not the smallest plan: a job whose smallest plan
+            # is no configuration (14 GPUs of a type with 8-GPU nodes) starts at the next (16).
             min_on: dict[str, int] = {}
-            for p in job.plans:
-                min_on[p.gpu_type] = min(min_on.get(p.gpu_type, p.gpus), p.gpus)
+            for c in configs:
+                if (c.gpu_type, c.gpus) in plan_of:
+                    min_on[c.gpu_type] = min(min_on.get(c.gpu_type, c.gpus), c.gpus)
             run = running.get(job.job_id)
             current = (run.plan.gpu_type, run.plan.gpus) if run else None
             good: list[tuple[int, Plan, float]] = []

@@ -82,3 +82,15 @@ def test_jobs_that_fit_one_gpu_all_finish() -> None:
     # Each needs < 1 min to start and < 15 min of steps: 2 h is twice what all four need.
     res = simulate(SiaPolicy(), jobs, ONE_T4, seed=0, clock=time.perf_counter, max_time_s=2 * 3600.0)
     assert {o.job_id: o.state for o in res.outcomes} == dict.fromkeys("abcd", "completed")
+
+
+def test_a_job_whose_smallest_plan_is_no_configuration_starts_at_the_next_one() -> None:
+    """Sia's configurations on 8-GPU nodes are 1, 2, 4, 8, 16, ... GPUs: a job whose plans are 14
+    and 16 GPUs starts on 16 (it used to be offered nothing, its minimum being 14, and waited
+    forever: seven jobs of the alibaba-256 gputime bench cell)."""
+    v100 = GpuTypeSpec("V100", 32 * GIB, 1.0)
+    two_nodes = Cluster(types=(v100,), gpus=tuple(Gpu(p, i, "V100") for p in ("p", "q") for i in range(8)))
+    plans = tuple(Plan("V100", n, n, 1, 1, 3, 1, 1, 20 * GIB, 32 * GIB, 10.0 / n) for n in (14, 16))
+    job = JobView("big", 0.0, 1, plans, SPEED, 100.0, 100.0)
+    d = SiaPolicy().decide(Snapshot(NOW, "arrival", two_nodes, two_nodes.gpus, (job,), ()), random.Random(0))
+    assert [(p.job_id, p.plan.gpus, len(p.gpus)) for p in d.placements] == [("big", 16, 16)]
