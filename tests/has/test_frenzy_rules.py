@@ -477,7 +477,7 @@ def test_a_job_still_starting_is_neither_grown_nor_a_donor() -> None:
 
 
 def test_ran_s_counts_progress_from_the_first_step() -> None:
-    cluster, gpus = one_peer()
+    _, gpus = one_peer()
     long = job("long", 0.0, (plan(4, 1.0),), remaining=10.0)
     run = RunningJob(long, long.plans[0], gpus, 100.0)
     assert run.ran_s(160.0) == 60.0  # not known: from its placement

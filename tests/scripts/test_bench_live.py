@@ -289,8 +289,8 @@ def test_the_policy_is_told_what_the_simulator_measures_as_the_coordinator_is() 
              step_time=lambda job, p, peers: p.step_time_s, restart_costs=learner)
     assert told[0] == 90.0  # before any measurement: the seeds
     # A's stop: its step's last second and the handover (1.5 s); B's start 3 s; A's resumed start 4 s.
-    assert learner.stops == 1 and learner.stop_s == pytest.approx(1.5)
-    assert learner.starts == 3 and learner.start_s == pytest.approx(4.0)
+    assert (learner.stops, learner.stop_s) == (1, pytest.approx(1.5))
+    assert (learner.starts, learner.start_s) == (3, pytest.approx(4.0))
     assert told[-1] == pytest.approx(3.0 + 1.5)  # A requeued, told B's start and its own stop
 
 
