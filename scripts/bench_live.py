@@ -817,7 +817,7 @@ def committed_calibration() -> dict[str, Any]:
     from frenzyd.sim.preemption import LOOPBACK_STAND_IN as m
 
     return {"start_s": m.start_s, "finish_s": m.finish_s, "handover_s": m.handover_s, "load_s": m.load_s,
-            "how": "committed figures (frenzyd.sim.preemption.LOOPBACK_STAND_IN)"}
+            "host_cores": m.host_cores, "how": "committed figures (frenzyd.sim.preemption.LOOPBACK_STAND_IN)"}
 
 
 async def amain(args: argparse.Namespace) -> int:

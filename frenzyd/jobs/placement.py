@@ -588,8 +588,9 @@ class RunningInfo:
 
 DEFAULT_START_S = 60.0
 """Seconds from a placement to the first step of the new attempt, until the pool has measured its own:
-a loaded loopback pool of stand-ins took 27.7 s to start and 29.7 s more to fetch and load a checkpoint
-(``sim.preemption.LOOPBACK_STAND_IN``).  High on purpose: a pool that has measured nothing moves jobs
+a loopback pool of stand-ins on a machine loaded by other work took 27.7 s to start and 29.7 s more to
+fetch and load a checkpoint (2026-12-01; the same pool quiet: 5.8 s and nothing,
+``sim.preemption.LOOPBACK_STAND_IN``).  High on purpose: a pool that has measured nothing moves jobs
 less, not more."""
 DEFAULT_STOP_S = 36.0
 """Seconds from a stop order until every rank of the attempt has exited, until measured (the same run's
