@@ -62,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import socket
@@ -651,6 +652,40 @@ def live_summary(run: dict[str, Any]) -> dict[str, Any]:
 # --- calibration -----------------------------------------------------------------------------
 
 CAL_NODES: tuple[tuple[str, str, int], ...] = (("ca", "A100-80GB", 1), ("cb", "A100-80GB", 0))
+TOGETHER = 4
+"""Stand-ins started at once to measure the host's effective cores (:func:`calibrate_cores`)."""
+CORE_NODES: tuple[tuple[str, str, int], ...] = (
+    *((f"c{i}", "A100-80GB", 1) for i in range(TOGETHER)), ("cs", "A100-80GB", 0))
+
+
+def ps_ready(begins: Sequence[float], ranks: Sequence[int], work_s: float, cores: float) -> list[float]:
+    """When each start is done under the simulator's host model (``PreemptionModel.host_cores``):
+    start ``i`` begins at ``begins[i]`` with ``ranks[i]`` ranks of ``work_s`` CPU seconds each, at
+    most a core a rank, the ranks of every start under way sharing ``cores``."""
+    left = [work_s] * len(begins)
+    ready = [math.inf] * len(begins)
+    t = min(begins, default=0.0)
+    while any(r == math.inf for r in ready):
+        active = [i for i, b in enumerate(begins) if b <= t + 1e-9 and ready[i] == math.inf]
+        later = min((b for i, b in enumerate(begins) if b > t + 1e-9), default=math.inf)
+        n = sum(ranks[i] for i in active)
+        rate = min(1.0, cores / n) if n else 0.0
+        nxt = min([later] + [t + left[i] / rate for i in active if rate > 0])
+        for i in active:
+            left[i] -= (nxt - t) * rate
+            if left[i] <= 1e-7:
+                ready[i] = nxt
+        t = nxt
+    return ready
+
+
+def fit_cores(begins: Sequence[float], ranks: Sequence[int], readies: Sequence[float], work_s: float,
+              nominal: int) -> float:
+    """The effective cores (a grid of 0.05 up to ``nominal``) at which :func:`ps_ready` best matches
+    the measured ``readies`` (least squares)."""
+    grid = [round(0.25 + 0.05 * k, 2) for k in range(int((nominal - 0.25) / 0.05) + 1)]
+    return min(grid, key=lambda c: (sum((p - r) ** 2 for p, r in zip(
+        ps_ready(begins, ranks, work_s, c), readies, strict=True)), -c))
 
 
 async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
@@ -687,7 +722,7 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
         await asyncio.sleep(3 * HEARTBEAT_S)
         await sub.__aenter__()
         poller = asyncio.create_task(poll([sub], tracker, stop))
-        starts, finishes = [], []
+        starts, finishes, delays = [], [], []
         for i in range(3):
             rec = await sub.submit(req(f"alone{i}", 10))
             jid = rec["id"]
@@ -696,6 +731,7 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
             first = min(t for a, s, t in lines if s == 1)
             last = max(t for _, _, t in lines)
             starts.append(first - pace(jid, 1) - float(got["created_at"]))
+            delays.append(float(got["started_at"]) - float(got["created_at"]))
             finishes.append(float(got["finished_at"]) - last)
             log(f"calibration alone{i}: start {starts[-1]:.2f} s, finish {finishes[-1]:.2f} s")
         start_s = sorted(starts)[1]
@@ -722,6 +758,7 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
         stop.set()
         await poller
         return {"start_s": round(start_s, 2), "finish_s": round(finish_s, 2),
+                "placement_delay_s": round(sorted(delays)[1], 2),
                 "handover_s": round(max(0.0, sum(handovers) / len(handovers)), 2),
                 "load_s": round(max(0.0, sum(loads) / len(loads)), 2),
                 "samples": {"start_s": starts, "finish_s": finishes, "handover_s": handovers,
@@ -736,12 +773,67 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
             await asyncio.to_thread(d.stop, 30.0)
 
 
-def model_from(cal: dict[str, Any], host_cores: int | None = None) -> Any:
+async def calibrate_cores(base: Path, start_s: float, delay_s: float, log: Any = print) -> dict[str, Any]:
+    """The host's effective cores while a pool starts ranks: :data:`TOGETHER` gpt2 stand-ins submitted at
+    once to a pool of that many one-GPU daemons; each job's placement (its record's ``started_at``), its
+    ranks and its first step give the cores at which the host model, each rank ``start_s - delay_s``
+    of CPU (the alone start less its wait for a placement), reproduces the starts (:func:`fit_cores`).
+    The daemons, the rendezvous stores and the ranks' own start beyond their imports use the cores
+    too, so it is at most the machine's count."""
+    from frenzy_client.daemon_client import DaemonClient
+    from frenzyd.trainer.corpus import write_corpus
+
+    daemons = start_pool(base, CORE_NODES, "frenzy", 3.0)
+    workdir = base / "data"
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_corpus(workdir / "corpus.txt", CORPUS_BYTES)
+    sub = DaemonClient(daemons[-1].address)
+    tracker = Tracker()
+    stop = asyncio.Event()
+    try:
+        await wait_mesh(daemons)
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        await sub.__aenter__()
+        poller = asyncio.create_task(poll([sub], tracker, stop))
+        ids = [(await sub.submit(request(LiveJob(f"together{i}", 0.0, "gpt2", 1024, 16, "none", 6, 1, 0.0),
+                                          workdir)))["id"] for i in range(TOGETHER)]
+        deadline = time.monotonic() + 600.0
+        while any(tracker.states.get(j) not in TERMINAL for j in ids):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"core calibration: jobs still {[tracker.states.get(j) for j in ids]}")
+            await asyncio.sleep(0.5)
+        stop.set()
+        await poller
+        begins, ranks, readies = [], [], []
+        for jid in ids:
+            got = (await sub.job(jid))["job"]
+            lines = step_lines([ev async for ev in sub.events(jid, follow=False)])
+            plan = tracker.plans[(jid, 1)]
+            pace = max(PACE_MIN_S, float(plan.get("step_time_s") or 0.0))
+            begins.append(float(got["started_at"]))
+            ranks.append(int(plan["gpus"]))
+            readies.append(min(t for a, s, t in lines if a == 1 and s == 1) - pace)
+        t0 = min(begins)
+        work = max(0.1, start_s - delay_s)
+        cores = fit_cores([b - t0 for b in begins], ranks, [r - t0 for r in readies], work, host_cpus())
+        log(f"calibration together: ranks {ranks}, placed +{[round(b - t0, 1) for b in begins]} s, first "
+            f"step +{[round(r - t0, 1) for r in readies]} s -> {cores} effective cores")
+        return {"host_cores": cores, "samples": {"begins": [b - t0 for b in begins], "ranks": ranks,
+                                                 "readies": [r - t0 for r in readies], "work_s": work}}
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await sub.__aexit__(None, None, None)
+        for d in daemons:
+            await asyncio.to_thread(d.stop, 30.0)
+
+
+def model_from(cal: dict[str, Any], host_cores: float | None = None) -> Any:
     """The simulator's cost model from a calibration: its figures, every peer on one host of
     ``host_cores`` (the calibration's own count when it records one, else this machine's)."""
     from frenzyd.sim.preemption import PreemptionModel
 
-    cores = int(cal.get("host_cores") or host_cores or host_cpus())
+    cores = float(cal.get("host_cores") or host_cores or host_cpus())
     return PreemptionModel(start_s=cal["start_s"], load_s=cal["load_s"], finish_s=cal["finish_s"],
                            handover_s=cal["handover_s"], finish_step=True, host_cores=cores)
 
@@ -835,6 +927,11 @@ async def amain(args: argparse.Namespace) -> int:
     else:
         print("calibrating (a separate 2-daemon pool) ...", flush=True)
         cal = await calibrate(base / "calibration")
+        print(f"calibrating the host's cores ({TOGETHER} one-GPU daemons, {TOGETHER} jobs at once) ...",
+              flush=True)
+        together = await calibrate_cores(base / "cores", cal["start_s"], cal["placement_delay_s"])
+        cal["host_cores"] = together["host_cores"]
+        cal["samples"]["together"] = together["samples"]
     doc["calibration"] = cal
     figures = ", ".join(f"{k} {cal[k]:.2f} s" for k in ("start_s", "load_s", "handover_s", "finish_s"))
     print(f"calibration: {figures}", flush=True)

@@ -82,8 +82,9 @@ class PreemptionModel:
     """With ``finish_step``: seconds from a stopped job's last step until its GPUs are free."""
     finish_step: bool = False
     """A stop lets the step in flight finish (the live trainer) instead of losing it."""
-    host_cores: int | None = None
-    """Every peer on one host with this many cores (a loopback pool): a start's ``start_s`` (plus
+    host_cores: float | None = None
+    """Every peer on one host with this many cores (a loopback pool; effective cores, calibrated, may be
+    fractional): a start's ``start_s`` (plus
     ``load_s``) is CPU work of each of its ranks, at most one core a rank, and the host's cores are
     shared by every rank starting at once, so eight ranks starting together on two cores take four
     times as long as one alone.  None: a start takes its time whatever else starts."""
@@ -97,7 +98,7 @@ class PreemptionModel:
             raise ValueError("start_s must be non-negative seconds, or None for has.speed's restart cost")
         if min(self.load_s, self.finish_s, self.handover_s) < 0:
             raise ValueError("load_s, finish_s and handover_s must be non-negative seconds")
-        if self.host_cores is not None and (self.host_cores < 1 or self.start_s is None):
+        if self.host_cores is not None and (self.host_cores <= 0 or self.start_s is None):
             raise ValueError("host_cores must be a positive core count, and needs a calibrated start_s")
         if self.finish_step and not self.save_on_stop:
             raise ValueError("finish_step needs save_on_stop: a job that finishes its step then saves")

@@ -301,3 +301,15 @@ def replace_speed(job: SimJob) -> SimJob:
     from frenzyd.jobs.placement import PoolSpeed
 
     return replace(job, speed=PoolSpeed(params=job.speed.params, flops_per_step=job.speed.flops_per_step))
+
+
+def test_the_core_calibration_fits_the_simulators_host_model() -> None:
+    """``ps_ready`` is the simulator's host model (the case of ``test_starts_share_the_hosts_cores``),
+    and ``fit_cores`` recovers the cores that made a set of starts."""
+    assert bl.ps_ready([0.0, 0.0], [1, 3], 4.0, 2.0) == [pytest.approx(8.0), pytest.approx(8.0)]
+    assert bl.ps_ready([0.0, 2.0], [1, 1], 4.0, 1.0) == [pytest.approx(6.0), pytest.approx(8.0)]
+    begins, ranks = [0.0, 0.3, 0.5, 4.0], [1, 1, 2, 1]
+    made = bl.ps_ready(begins, ranks, 5.0, 1.3)
+    assert bl.fit_cores(begins, ranks, made, 5.0, nominal=2) == pytest.approx(1.3)
+    alone = bl.ps_ready([0.0], [1], 5.0, 2.0)  # one rank alone: any core count from 1 up fits; the most
+    assert bl.fit_cores([0.0], [1], alone, 5.0, nominal=2) == 2.0
