@@ -688,6 +688,15 @@ def fit_cores(begins: Sequence[float], ranks: Sequence[int], readies: Sequence[f
         ps_ready(begins, ranks, work_s, c), readies, strict=True)), -c))
 
 
+async def close_pool(stop: asyncio.Event, sub: Any, daemons: Sequence[Any]) -> None:
+    """End a calibration pool: its poller, its client, its daemons."""
+    stop.set()
+    with contextlib.suppress(Exception):
+        await sub.__aexit__(None, None, None)
+    for d in daemons:
+        await asyncio.to_thread(d.stop, 30.0)
+
+
 async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
     """Measure start_s, finish_s, handover_s and load_s on a separate 2-daemon pool (module docstring)."""
     from frenzy_client.daemon_client import DaemonClient
@@ -766,11 +775,7 @@ async def calibrate(base: Path, log: Any = print) -> dict[str, Any]:
                 "how": "median of 3 alone gpt2 stand-ins (10 steps, 1 rank); mean of 2 preemptions of a long "
                        "gpt2 stand-in by a 4-step one on one simulated A100-80GB"}
     finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await sub.__aexit__(None, None, None)
-        for d in daemons:
-            await asyncio.to_thread(d.stop, 30.0)
+        await close_pool(stop, sub, daemons)
 
 
 async def calibrate_cores(base: Path, start_s: float, delay_s: float, log: Any = print) -> dict[str, Any]:
@@ -821,11 +826,7 @@ async def calibrate_cores(base: Path, start_s: float, delay_s: float, log: Any =
         return {"host_cores": cores, "samples": {"begins": [b - t0 for b in begins], "ranks": ranks,
                                                  "readies": [r - t0 for r in readies], "work_s": work}}
     finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await sub.__aexit__(None, None, None)
-        for d in daemons:
-            await asyncio.to_thread(d.stop, 30.0)
+        await close_pool(stop, sub, daemons)
 
 
 def model_from(cal: dict[str, Any], host_cores: float | None = None) -> Any:
