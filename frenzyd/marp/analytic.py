@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from frenzyd.marp import model as M
 from frenzyd.marp.activations import AttnKernel, Device, layer_bytes
@@ -185,22 +185,25 @@ def _stage_phases(
     params += layers * _layer_buffers_tp(spec, tp)
     grads_full = n_params * gb
     grads_kept = _ceil_div(n_params, dp if fsdp else 1) * gb  # reduce-scattered shards under ZeRO-2/3
-    ddp_buckets = dp > 1 and zero <= 1  # gradient_as_bucket_view: the buckets persist and hold the grads
+    # gradient_as_bucket_view: the buckets persist and hold the grads.  A pipeline stage is not wrapped in
+    # DDP (the trainer averages its accumulated gradients after the schedule, in place)
+    ddp_buckets = dp > 1 and zero <= 1 and pp == 1
 
     # --- activations ----------------------------------------------------------------------------
     lbytes = layer_bytes(spec, setup.dtype, device, s, tp, kernel=sdpa_backend)
     layer_act = int(sb * (lbytes.per_token + s * lbytes.per_token_s)) + lbytes.weight_copies
     kept_layer = sb * lbytes.residual if recompute else layer_act  # checkpointing keeps the layer input
     pre = _pre_bytes(spec, setup, device, first)
-    inflight = min(pp - stage, micro) if pp > 1 else 1  # 1F1B: stage k holds pp - k microbatches
-    one_micro = pre + layers * kept_layer + (sb * h * ab if pp > 1 and not first else 0)
-    stage_act = inflight * one_micro
-    others = (inflight - 1) * one_micro  # earlier in-flight microbatches, untouched by this one's backward
+    # 1F1B (torch's Schedule1F1B): stage k runs w = min(pp - k, m) warm-up forwards, then alternates one
+    # backward and one forward; every micro-batch forwarded and not yet backwarded keeps its activations
+    warmup = min(pp - stage, micro) if pp > 1 else 1
+    one_micro = pre + layers * kept_layer
+    # PipelineStage's receive buffers, one per micro-batch, made in the first step and kept: a non-first
+    # stage's input activations (the buffer is the input itself) and a non-last stage's output gradients
+    p2p = micro * sb * h * ab * ((not first) + (not last)) if pp > 1 else 0
     # autocast's bf16 weight copies saved for backward (no recompute) are copies of weights, not of the
     # batch: the breakdown files them under parameters, as torch's MemTracker does (sums are unchanged)
     wc = lbytes.weight_copies if not recompute else 0
-    stage_wc = inflight * layers * wc
-    others_wc = (inflight - 1) * layers * wc
 
     fwd_temp = int(sb * (ab * c.fwd_temp_h * h + fb * c.fwd_temp_f * f))
     if recompute:
@@ -225,7 +228,7 @@ def _stage_phases(
         bwd_temp = max(bwd_temp, int(attn_temp))
     # math kernel without dropout (CUDA fp32 with grouped K/V heads): inside the last layer's
     # attention its MLP has not run yet, and the kernel's score-sized intermediates are alive
-    math_fwd: tuple[int, int] | None = None
+    transient = attn_part = 0
     if lbytes.math_fwd_scores:
         transient = int(
             sb * (s * lbytes.score_per_token_s * lbytes.math_fwd_scores + lbytes.math_fwd_per_token)
@@ -233,9 +236,6 @@ def _stage_phases(
         )
         if recompute:  # the checkpointed layer's attention intermediates, probabilities included
             attn_part = int(sb * (lbytes.per_token - lbytes.after_attn_per_token + s * lbytes.per_token_s))
-            math_fwd = (stage_act, attn_part + transient)
-        else:
-            math_fwd = (stage_act - int(sb * lbytes.after_attn_per_token), transient)
     if setup.dtype == "bf16-mixed":
         bwd_temp += 2 * _largest_linear(spec, tp)  # a bf16 weight gradient before its float32 cast
     if recompute:
@@ -258,13 +258,18 @@ def _stage_phases(
             gathered_last = root + layers * lp * pb
         # ZeRO-3 around the loss: the layers were resharded after forward; backward gathers the last one
         gathered_loss = gathered_all if zero == 2 else root + lp * pb
-        gathered_emb = root
+        # a pipeline stage's root module ends at the logits (the schedule computes the loss): its
+        # pre-backward, which gathers the last layer, runs only once the loss's backward reaches them
+        gathered_at_loss = gathered_loss if zero == 2 or pp == 1 else root
+        # under a pipeline the layers stay gathered after their backward (above): all of them by the
+        # embedding's backward
+        gathered_emb = root + layers * lp * pb if pp > 1 else root
         rs_buffer = 2 * lp * gb  # a layer's unsharded gradients + the reduce-scatter input
         if _cpu_chunk_cat_pads(device, dp, _layer_rows(spec, tp)):
             rs_buffer += lp * gb
         # FSDPParamGroup keeps the last reduce-scatter input (reduce_scatter_states, one buffer by
         # default) until the next group's post-backward: alive through the next layer's backward
-        held_rs = lp * gb
+        held_rs = lp * gb if pp == 1 else 0  # a pipeline stage reduce-scatters after its last backward
         # the root group's gradients (head, final norm, embedding) stay unsharded until its
         # reduce-scatter at the very end of backward
         head_pending = (final_norm + lm_head + (spec.vocab * h if tied_here else 0)) * gb
@@ -277,12 +282,14 @@ def _stage_phases(
         head_g = 0
         layer_g = _ceil_div(lp * gb, dp)
     else:
-        gathered_all = gathered_last = gathered_loss = gathered_emb = rs_buffer = held_rs = 0
+        gathered_all = gathered_last = gathered_loss = gathered_at_loss = gathered_emb = 0
+        rs_buffer = held_rs = 0
         head_pending = root_grads = root_rs_temp = 0
         head_g = (final_norm + lm_head + (spec.vocab * h if tied_here and last else 0)) * gb
         layer_g = lp * gb
 
-    # gradients already present in forward: DDP's buckets always, else those of earlier micro-steps
+    # gradients present once the step's first backward has run: DDP's buckets always, else those of
+    # earlier micro-steps
     if ddp_buckets:
         grads_early = grads_full
     elif micro > 1 or (pp > 1 and micro > pp - stage):
@@ -292,186 +299,217 @@ def _stage_phases(
         grads_early = grads_full if fsdp and pp > 1 else grads_kept
     else:
         grads_early = 0
+    grads_first = grads_full if ddp_buckets else 0  # present before the step's first backward
 
-    def grads_at(done: int) -> int:
-        return grads_early if grads_early else done
+    def moments(inflight: int, grads_early: int, *, forward: bool) -> list[tuple[Phase, Breakdown]]:
+        """The moments with ``inflight`` micro-batches' activations alive (the one in flight included) and
+        ``grads_early`` bytes of gradients from before; ``forward``: with the forward phase's moments."""
+        stage_act = inflight * one_micro
+        others = (inflight - 1) * one_micro  # other in-flight micro-batches, untouched by this backward
+        stage_wc = inflight * layers * wc
+        others_wc = (inflight - 1) * layers * wc
+        math_fwd: tuple[int, int] | None = None
+        if lbytes.math_fwd_scores:
+            math_fwd = ((stage_act, attn_part + transient) if recompute
+                        else (stage_act - int(sb * lbytes.after_attn_per_token), transient))
 
-    out: list[tuple[Phase, Breakdown]] = [
-        (
-            "forward",
-            Breakdown(
-                params + gathered_all + cache + stage_wc,
-                grads_early,
-                opt_bytes,
-                stage_act - stage_wc,
-                fwd_temp,
-            ),
-        ),
-    ]
-    if math_fwd is not None:
-        out.append(
-            (
-                "forward",
-                Breakdown(
-                    params + gathered_all + cache + stage_wc,
-                    grads_early,
-                    opt_bytes,
-                    math_fwd[0] - stage_wc,
-                    math_fwd[1],
-                ),
+        def grads_at(done: int) -> int:
+            return grads_early if grads_early else done
+
+        out: list[tuple[Phase, Breakdown]] = []
+        if forward:
+            out.append(
+                (
+                    "forward",
+                    Breakdown(
+                        params + gathered_all + cache + stage_wc,
+                        grads_early,
+                        opt_bytes,
+                        stage_act - stage_wc,
+                        fwd_temp,
+                    ),
+                )
             )
-        )
-    if last:
-        # the final norm ends the forward phase
-        norm_saved = _final_norm_bytes(spec, setup)
-        norm_temp = sb * 4 * h if spec.norm == "rmsnorm" else 0
-        out.append(
-            (
-                "forward",
-                Breakdown(
-                    params + gathered_all + cache + stage_wc,
-                    grads_early,
-                    opt_bytes,
-                    stage_act + norm_saved - stage_wc,
-                    norm_temp,
-                ),
+        if forward and math_fwd is not None:
+            out.append(
+                (
+                    "forward",
+                    Breakdown(
+                        params + gathered_all + cache + stage_wc,
+                        grads_early,
+                        opt_bytes,
+                        math_fwd[0] - stage_wc,
+                        math_fwd[1],
+                    ),
+                )
             )
-        )
-        # loss: LM head, float32 logits, log-softmax (saved) and, at backward start, two logit gradients
-        post = _post_bytes(spec, setup)
-        logits = sb * spec.vocab
-        loss_act = stage_act + post + 4 * logits
-        fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
-        if pp > 1 and lb == 4:
-            # the pipeline's loss (trainer.parallel.causal_lm_loss) shifts the logits, not the labels:
-            # float32 logits[:, :-1] are copied by the reshape (a float32 copy of bf16 ones is made anyway)
-            fwd_side += 4 * setup.micro_batch * (s - 1) * spec.vocab
-        out.append(
-            (
-                "loss",
-                Breakdown(
-                    params + gathered_loss + cache + stage_wc,
-                    grads_early,
-                    opt_bytes,
-                    loss_act - stage_wc,
-                    fwd_side,
-                ),
+        # (a last stage holds one micro-batch at a time, m > w: its moments always come with the forward's)
+        if last:
+            # the final norm ends the forward phase
+            norm_saved = _final_norm_bytes(spec, setup)
+            norm_temp = sb * 4 * h if spec.norm == "rmsnorm" else 0
+            out.append(
+                (
+                    "forward",
+                    Breakdown(
+                        params + gathered_all + cache + stage_wc,
+                        grads_early,
+                        opt_bytes,
+                        stage_act + norm_saved - stage_wc,
+                        norm_temp,
+                    ),
+                )
             )
-        )
-        out.append(
-            (
-                "loss",
-                Breakdown(
-                    params + gathered_loss + stage_wc,
-                    grads_early,
-                    opt_bytes,
-                    loss_act + kept_out - stage_wc,
-                    8 * logits,
-                ),
+            # loss: LM head, float32 logits, log-softmax (saved) and, at backward start, two logit gradients
+            post = _post_bytes(spec, setup)
+            logits = sb * spec.vocab
+            loss_act = stage_act + post + 4 * logits
+            fwd_side = lb * logits + (4 * logits if lb != 4 else 0)  # logits + their float32 copy
+            if pp > 1 and lb == 4:
+                # the pipeline's loss (trainer.parallel.causal_lm_loss) shifts the logits, not the labels:
+                # float32 logits[:, :-1] are copied by the reshape (a float32 copy of bf16 ones is made
+                # anyway)
+                fwd_side += 4 * setup.micro_batch * (s - 1) * spec.vocab
+            out.append(
+                (
+                    "loss",
+                    Breakdown(
+                        params + gathered_at_loss + cache + stage_wc,
+                        grads_early,
+                        opt_bytes,
+                        loss_act - stage_wc,
+                        fwd_side,
+                    ),
+                )
             )
-        )
-        # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
-        # backward), the head's weight gradient and the hidden-state gradient
-        head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
-        temp = lb * logits + sb * h * ab + (head_w_grad if grads_early and not fsdp else 0)
+            out.append(
+                (
+                    "loss",
+                    Breakdown(
+                        params + gathered_at_loss + stage_wc,
+                        grads_early,
+                        opt_bytes,
+                        loss_act + kept_out - stage_wc,
+                        8 * logits,
+                    ),
+                )
+            )
+            # LM head backward: the logits' gradient in their dtype (the float32 one was freed by the cast's
+            # backward), the head's weight gradient and the hidden-state gradient
+            head_w_grad = spec.vocab * h * gb if (lm_head or tied_here) else 0
+            temp = lb * logits + sb * h * ab + (head_w_grad if grads_early and not fsdp else 0)
+            out.append(
+                (
+                    "backward",
+                    Breakdown(
+                        params + gathered_loss + stage_wc,
+                        grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
+                        opt_bytes,
+                        stage_act + post + kept_out - stage_wc,
+                        temp,
+                    ),
+                )
+            )
+
+        # backward through the decoder layers: memory is linear between the two ends
         out.append(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_loss + stage_wc,
-                    grads_at(0) + head_w_grad if fsdp else grads_at(head_w_grad),
-                    opt_bytes,
-                    stage_act + post + kept_out - stage_wc,
-                    temp,
-                ),
-            )
-        )
-
-    # backward through the decoder layers: memory is linear between the two ends
-    out.append(
-        (
-            "backward",
-            Breakdown(
-                params + gathered_all + stage_wc,
-                grads_at(head_g + layer_g) + head_pending,
-                opt_bytes,
-                stage_act + kept_out - stage_wc,
-                bwd_temp + held_rs,
-            ),
-        )
-    )
-    out.append(
-        (
-            "backward",
-            Breakdown(
-                params + gathered_last + others_wc + wc,
-                grads_at(head_g + layers * layer_g) + head_pending,
-                opt_bytes,
-                others + pre + kept_layer + kept_out - others_wc - wc,
-                bwd_temp + held_rs,
-            ),
-        )
-    )
-    if fsdp:
-        # a layer's reduce-scatter (the last one's, the most activations still alive): after its
-        # backward, so its activations and temporaries are freed and its parameters resharded
-        # (FSDPParamGroup.post_backward reshards before foreach_reduce); its unsharded gradients and
-        # the flat reduce-scatter input at once, the output shard after the former are freed
-        done = kept_layer if recompute else layer_act
-        out.append(
-            (
-                "backward",
-                Breakdown(
-                    params + gathered_all - lp * pb + stage_wc - wc,
+                    params + gathered_all + stage_wc,
                     grads_at(head_g + layer_g) + head_pending,
                     opt_bytes,
-                    stage_act - done + kept_out - (stage_wc - wc),
-                    rs_buffer,
+                    stage_act + kept_out - stage_wc,
+                    bwd_temp + held_rs,
                 ),
             )
         )
-    if first:
-        # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
-        # out of place with the head's pending gradient (a third vocab x hidden tensor)
-        emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
-        if tied_here:
-            emb_temp += spec.vocab * h * gb
-        # that pending head gradient is counted in grads_at(head_g ...) only while no gradients exist
-        # yet; with DDP's buckets or an earlier micro-step's gradients it is a tensor of its own beside
-        # them (the tied weight's AccumulateGrad runs after the sum)
-        pending_tied = spec.vocab * h * gb if tied_here and grads_early and not fsdp else 0
         out.append(
             (
                 "backward",
                 Breakdown(
-                    params + gathered_emb + others_wc,
-                    grads_at(head_g + layers * layer_g) + head_pending + pending_tied,
+                    params + gathered_last + others_wc + wc,
+                    grads_at(head_g + layers * layer_g) + head_pending,
                     opt_bytes,
-                    others + pre - others_wc,
-                    emb_temp + sb * h * ab,
+                    others + pre + kept_layer + kept_out - others_wc - wc,
+                    bwd_temp + held_rs,
                 ),
             )
         )
-    if fsdp:
-        # the root group's reduce-scatter: its unsharded gradients and the flat input copy (the
-        # unsharded gradients are released before the output shard is allocated).  Its parameters
-        # are sharded again by then: FSDPParamGroup.post_backward reshards (reshard_after_backward)
-        # before foreach_reduce
-        out.append(
-            (
-                "backward",
-                Breakdown(
-                    params + others_wc,
-                    grads_at(layers * layer_g) + root_grads,
-                    opt_bytes,
-                    others - others_wc,
-                    root_rs_temp,
-                ),
+        if fsdp:
+            # a layer's reduce-scatter (the last one's, the most activations still alive): after its
+            # backward, so its activations and temporaries are freed and its parameters resharded
+            # (FSDPParamGroup.post_backward reshards before foreach_reduce); its unsharded gradients and
+            # the flat reduce-scatter input at once, the output shard after the former are freed
+            done = kept_layer if recompute else layer_act
+            out.append(
+                (
+                    "backward",
+                    Breakdown(
+                        params + gathered_all - lp * pb + stage_wc - wc,
+                        grads_at(head_g + layer_g) + head_pending,
+                        opt_bytes,
+                        stage_act - done + kept_out - (stage_wc - wc),
+                        rs_buffer,
+                    ),
+                )
             )
-        )
+        if first:
+            # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
+            # with the head's pending gradient: out of place (a third vocab x hidden tensor) where that is
+            # the transposed view MmBackward returns, in place into the fresh float32 tensor of the cast's
+            # backward under bf16-mixed (measured: GPT-2 dp2 ZeRO-3 bf16-mixed, the trainer's CPU peak)
+            emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
+            if tied_here and setup.dtype != "bf16-mixed":
+                emb_temp += spec.vocab * h * gb
+            # that pending head gradient is counted in grads_at(head_g ...) only while no gradients exist
+            # yet; with DDP's buckets or an earlier micro-step's gradients it is a tensor of its own beside
+            # them (the tied weight's AccumulateGrad runs after the sum)
+            pending_tied = spec.vocab * h * gb if tied_here and grads_early and not fsdp else 0
+            out.append(
+                (
+                    "backward",
+                    Breakdown(
+                        params + gathered_emb + others_wc,
+                        grads_at(head_g + layers * layer_g) + head_pending + pending_tied,
+                        opt_bytes,
+                        others + pre - others_wc,
+                        emb_temp + sb * h * ab + held_rs,  # the first layer's reduce-scatter input (ZeRO-2/3)
+                    ),
+                )
+            )
+        if fsdp:
+            # the root group's reduce-scatter: its unsharded gradients and the flat input copy (the
+            # unsharded gradients are released before the output shard is allocated).  Its parameters
+            # are sharded again by then: FSDPParamGroup.post_backward reshards (reshard_after_backward)
+            # before foreach_reduce
+            out.append(
+                (
+                    "backward",
+                    Breakdown(
+                        params + others_wc,
+                        grads_at(layers * layer_g) + root_grads,
+                        opt_bytes,
+                        others - others_wc,
+                        root_rs_temp,
+                    ),
+                )
+            )
+        return out
 
+    if pp > 1 and micro == warmup:
+        # every forward of the step runs before its first backward (m <= pp - k): the forwards and the
+        # first backward hold all m micro-batches and only the gradients from before the step; the
+        # second backward holds one micro-batch fewer, beside the first one's gradients
+        out = moments(warmup, grads_first, forward=True)
+        if micro > 1:
+            out += moments(warmup - 1, grads_early, forward=False)
+    else:
+        out = moments(warmup, grads_early, forward=True)
+
+    out = [(ph, replace(bd, activations=bd.activations + p2p)) for ph, bd in out]
     # optimizer: parameters, gradients, state (fused AdamW and SGD keep no further temporaries)
-    out.append(("optimizer", Breakdown(params, grads_full if ddp_buckets else grads_kept, opt_bytes, 0, 0)))
+    out.append(("optimizer", Breakdown(params, grads_full if ddp_buckets else grads_kept, opt_bytes, p2p, 0)))
     return out
 
 

@@ -3,8 +3,9 @@
 The mesh is ``(pp, dp, tp)`` with tp innermost (tp stays inside one peer).
 In order: pipeline stage cut (pp), tensor parallel (tp), then the data-
 parallel wrapper of the plan's ZeRO stage over the dp axis: DDP
-(``gradient_as_bucket_view``), DDP + ``ZeroRedundancyOptimizer``, or FSDP2
-``fully_shard`` per decoder layer and at the root.  The result names every
+(``gradient_as_bucket_view``; a pipeline stage averages its gradients itself),
+DDP + ``ZeroRedundancyOptimizer``, or FSDP2 ``fully_shard`` per decoder layer
+and at the root.  The result names every
 parameter by its Hugging Face FQN on every plan, which is what checkpoints
 (DCP, resharding on load) and the exported model rely on.
 torch is imported inside functions: importing this module does not load it.
@@ -70,6 +71,8 @@ class Parallel:
     """GPT-2: checkpoints see ``c_attn.weight`` as ``[E, 3, E]`` on every plan (``tp_gpt2``)."""
     tp_biases: list[str] = field(default_factory=list)
     """GPT-2 under tp: FQNs of the column-wise biases whose gradients are summed over tp after a backward."""
+    dp_group: Any = None
+    """A pipeline stage's data-parallel group under dp > 1 or ZeRO-1: ``sync_grads`` averages over it."""
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -110,10 +113,13 @@ class Parallel:
         return t
 
     def sync_grads(self) -> None:
-        """Gradient sums the wrappers do not do: tied embeddings over pp, GPT-2's tp biases over tp."""
+        """Gradient sums the wrappers do not do: tied embeddings over pp, GPT-2's tp biases over tp, a
+        pipeline stage's data-parallel mean."""
         sync_tied_grads(self)
         if self.tp_biases:
             sync_tp_biases([self.params[n] for n in self.tp_biases], self.mesh["tp"].get_group())
+        if self.dp_group is not None:
+            mean_grads(list(self.inner.parameters()), self.dp_group, self.plan.dp)
 
 
 # --------------------------------------------------------------------------- tensor parallel
@@ -257,6 +263,58 @@ def sync_tied_grads(par: Parallel) -> None:
         dist.all_reduce(getattr(grad, "_local_tensor", grad), group=par.tied_group)
 
 
+def _hold_tp_shards_locally(module: Any) -> None:
+    """Hold ``module``'s DTensor parameters as plain tensors of their local shards (the data-parallel
+    mean and ZeRO-1's optimizer see plain tensors); the forward of each submodule owning one wraps those
+    same tensors as DTensors again and puts them back after.
+
+    torch's ``_pre_dp_module_transform`` (for DDP) makes new leaf parameters from the forward's DTensors
+    after every forward: a pipeline stage runs several forwards before its backwards, so each
+    micro-batch's gradients would land on a different leaf, and the optimizer would see the first's
+    only.  Wrapping at each owner's forward (not the root's) also lets each gradient reach its leaf as
+    soon as its layer's backward is done (the autograd engine runs the wrapping's backward in reverse
+    creation order: made at the root, every layer's gradients would wait for the embedding's backward),
+    and a recomputed layer wraps them again.
+    """
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    owners: dict[Any, list[tuple[str, Any, Any]]] = {}  # owner module -> [(attribute, local leaf, spec)]
+    for name, p in list(module.named_parameters()):
+        if isinstance(p, DTensor):
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            leaf = nn.Parameter(p.to_local().detach(), requires_grad=p.requires_grad)
+            owners.setdefault(owner, []).append((attr, leaf, p._spec))
+
+    def put(owner: Any, as_dtensor: bool) -> None:
+        for attr, leaf, spec in owners[owner]:
+            delattr(owner, attr)
+            setattr(owner, attr, DTensor.from_local(leaf, spec.mesh, spec.placements, run_check=False,
+                                                    shape=spec.shape, stride=spec.stride)
+                    if as_dtensor else leaf)
+
+    for owner in owners:
+        put(owner, False)
+        owner.register_forward_pre_hook(lambda m, _a: put(m, True))
+        owner.register_forward_hook(lambda m, _a, _o: put(m, False))
+
+
+def mean_grads(params: list[Any], group: Any, dp: int) -> None:
+    """Average the gradients of ``params`` over ``group`` (``dp`` ranks) in place, one collective per
+    tensor, all in flight at once: no flat copy of the gradients is made."""
+    import torch.distributed as dist
+
+    works = []
+    for p in params:
+        if p.grad is not None:
+            g = getattr(p.grad, "_local_tensor", p.grad)
+            g.div_(dp)
+            works.append(dist.all_reduce(g, group=group, async_op=True))
+    for w in works:
+        w.wait()
+
+
 # --------------------------------------------------------------------------- the optimizer
 
 
@@ -305,26 +363,6 @@ def make_optimizer(par: Parallel, plan: TrainerPlan, device_type: str) -> Any:
 # --------------------------------------------------------------------------- the whole plan
 
 
-class _NoRebuildReducer:
-    """DDP's C++ reducer without its one-time bucket rebuild, for pipeline stages.
-
-    The pipeline runs a stage's micro-batch backwards under ``no_sync`` and
-    syncs on the last; the reducer still records every micro-batch's gradient
-    order for the rebuild and then asserts (torch 2.13: "rebuilt parameter
-    indices size is not same as original model parameters size").  The
-    buckets of the first iteration (parameter order) hold the same gradients.
-    """
-
-    def __init__(self, reducer: Any) -> None:
-        object.__setattr__(self, "_reducer", reducer)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_reducer"), name)
-
-    def _rebuild_buckets(self) -> bool:
-        return False
-
-
 def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimizer: bool = True) -> Parallel:
     """Shard ``model`` (built identically on every rank, on the CPU) per ``plan``; build its optimizer."""
     from torch.distributed.tensor import DTensor
@@ -339,6 +377,7 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
     dp_mesh = mesh["dp"]
     localized: dict[str, tuple[Any, tuple[Any, ...]]] = {}
     module = inner
+    dp_group = None
     if plan.zero in (2, 3):
         from torch.distributed.fsdp import fully_shard
 
@@ -356,22 +395,30 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
         from torch.nn.parallel import DistributedDataParallel
 
         if plan.tp > 1:
-            from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-
             localized = {n: (p.device_mesh, tuple(p.placements)) for n, p in inner.named_parameters()
                          if isinstance(p, DTensor)}
-            _pre_dp_module_transform(inner)
-        ids = [device.index] if device.type == "cuda" else None
-        module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
-                                         gradient_as_bucket_view=True)
+            if plan.pp > 1:
+                _hold_tp_shards_locally(inner)
+            else:
+                from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+                _pre_dp_module_transform(inner)
         if plan.pp > 1:
-            module.reducer = _NoRebuildReducer(module.reducer)  # type: ignore[assignment]
+            # a pipeline stage is not wrapped in DDP: PipelineStage runs all but the last micro-batch's
+            # backward under DDP's no_sync, so the plain gradients it accumulates sit beside DDP's
+            # buckets (two copies of the stage's gradients) until the last backward copies them in.
+            # The stage averages its gradients after the schedule instead (sync_grads)
+            dp_group = dp_mesh.get_group()
+        else:
+            ids = [device.index] if device.type == "cuda" else None
+            module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
+                                             gradient_as_bucket_view=True)
     params = dict(inner.named_parameters())
     if tied is not None and "lm_head.weight" in params and tied not in params:
         params[tied] = params.pop("lm_head.weight")  # the last stage's copy of the tied embedding
     par = Parallel(plan=plan, mesh=mesh, module=module, inner=inner, params=params, localized=localized,
                    tied_name=tied, tied_group=_tied_group(mesh, plan) if tied is not None else None,
-                   gpt2=gpt2, tp_biases=tp_biases)
+                   gpt2=gpt2, tp_biases=tp_biases, dp_group=dp_group)
     if optimizer:
         par.optimizer = make_optimizer(par, plan, device.type)
     if plan.pp > 1:
