@@ -456,11 +456,12 @@ def _stage_phases(
             )
         if first:
             # embedding backward: a dense vocab x hidden gradient; when tied, the autograd engine sums it
-            # with the head's pending gradient: out of place (a third vocab x hidden tensor) where that is
-            # the transposed view MmBackward returns, in place into the fresh float32 tensor of the cast's
-            # backward under bf16-mixed (measured: GPT-2 dp2 ZeRO-3 bf16-mixed, the trainer's CPU peak)
+            # with the head's pending gradient out of place (a third vocab x hidden tensor), except under
+            # FSDP2 with bf16-mixed, where it is summed in place.  Measured both ways (the trainer's GPT-2
+            # dp2 ZeRO-3 bf16-mixed; bench_marp's GPT-2 bf16-mixed rows without FSDP, DDP fp32); why the
+            # engine differs is not established
             emb_temp = spec.vocab * h * (4 if setup.dtype == "bf16-mixed" else ab)
-            if tied_here and setup.dtype != "bf16-mixed":
+            if tied_here and not (fsdp and setup.dtype == "bf16-mixed"):
                 emb_temp += spec.vocab * h * gb
             # that pending head gradient is counted in grads_at(head_g ...) only while no gradients exist
             # yet; with DDP's buckets or an earlier micro-step's gradients it is a tensor of its own beside
