@@ -316,33 +316,13 @@ def _stage_phases(
         def grads_at(done: int) -> int:
             return grads_early if grads_early else done
 
-        out: list[tuple[Phase, Breakdown]] = []
-        if forward:
-            out.append(
-                (
-                    "forward",
-                    Breakdown(
-                        params + gathered_all + cache + stage_wc,
-                        grads_early,
-                        opt_bytes,
-                        stage_act - stage_wc,
-                        fwd_temp,
-                    ),
-                )
-            )
-        if forward and math_fwd is not None:
-            out.append(
-                (
-                    "forward",
-                    Breakdown(
-                        params + gathered_all + cache + stage_wc,
-                        grads_early,
-                        opt_bytes,
-                        math_fwd[0] - stage_wc,
-                        math_fwd[1],
-                    ),
-                )
-            )
+        # the forward's moments: its end, and inside the last layer's attention on the math kernel
+        ends = [(stage_act, fwd_temp)] + ([math_fwd] if math_fwd is not None else [])
+        out: list[tuple[Phase, Breakdown]] = [
+            ("forward", Breakdown(params + gathered_all + cache + stage_wc, grads_early, opt_bytes,
+                                  act - stage_wc, temp))
+            for act, temp in (ends if forward else [])
+        ]
         # (a last stage holds one micro-batch at a time, m > w: its moments always come with the forward's)
         if last:
             # the final norm ends the forward phase
