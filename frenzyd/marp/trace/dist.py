@@ -1,8 +1,8 @@
 """Data-parallel and ZeRO runs of the reference step: real gloo ranks in subprocesses, or fake process groups.
 
 Part of MARP's torch boundary, built on the one-process step of
-``frenzyd.marp.trace.step`` (the only module of the package it imports; on
-gloo it borrows the trainer's in-place reduce-scatter); torch is imported lazily.
+``frenzyd.marp.trace.step`` (the only module of the package it imports);
+torch is imported lazily.
 ``dp`` ranks run the reference step of DESIGN.md §3 wrapped in torch's own
 parallel forms: DDP(gradient_as_bucket_view=True) for ZeRO-0, plus
 ``ZeroRedundancyOptimizer`` for ZeRO-1, FSDP2 ``fully_shard`` per decoder
@@ -77,18 +77,13 @@ def make_wrap(setup: TrainingSetup, *, ddp: bool = True, fake: bool = False) -> 
         if setup.zero >= 2:
             from torch.distributed.fsdp import fully_shard
 
-            from frenzyd.trainer import gloo_reduce_scatter
-
-            layers = list(_decoder_layers(model))
-            for layer in layers:
+            for layer in _decoder_layers(model):
                 fully_shard(layer, mesh=mesh, reshard_after_forward=setup.zero == 3)
             # as the built-in trainer wraps it (frenzyd.trainer.parallel): the root (embeddings, final
-            # norm, head) at FSDP2's default, kept after forward since backward gathers it again at
-            # once, and on gloo the reduce-scatter without gloo's private copy of its input (what
-            # NCCL's costs; the fake process group has no copy either)
+            # norm, head) at FSDP2's default, kept after forward since backward gathers it again at once.
+            # (The trainer also reduce-scatters in place on gloo; the tracker here never sees gloo's
+            # private copy of the input, a C++ allocation, so the truth is the same either way.)
             fully_shard(model, mesh=mesh)
-            assert mesh is not None
-            gloo_reduce_scatter.install([*layers, model], mesh.get_group())
             return model, build_optimizer(model.parameters(), setup)
         if not ddp:
             return model, build_optimizer(model.parameters(), setup, zero1=setup.zero == 1)
