@@ -392,24 +392,24 @@ def parallelize(model: Any, plan: TrainerPlan, mesh: Any, device: Any, *, optimi
         fully_shard(inner, mesh=dp_mesh)
         gloo_reduce_scatter.install([*layers, inner], dp_mesh.get_group())  # gloo's copies its input
     elif plan.dp > 1 or plan.zero == 1:
-        from torch.nn.parallel import DistributedDataParallel
-
         if plan.tp > 1:
             localized = {n: (p.device_mesh, tuple(p.placements)) for n, p in inner.named_parameters()
                          if isinstance(p, DTensor)}
-            if plan.pp > 1:
-                _hold_tp_shards_locally(inner)
-            else:
-                from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-
-                _pre_dp_module_transform(inner)
         if plan.pp > 1:
             # a pipeline stage is not wrapped in DDP: PipelineStage runs all but the last micro-batch's
             # backward under DDP's no_sync, so the plain gradients it accumulates sit beside DDP's
             # buckets (two copies of the stage's gradients) until the last backward copies them in.
             # The stage averages its gradients after the schedule instead (sync_grads)
+            if plan.tp > 1:
+                _hold_tp_shards_locally(inner)
             dp_group = dp_mesh.get_group()
         else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            if plan.tp > 1:
+                from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+
+                _pre_dp_module_transform(inner)
             ids = [device.index] if device.type == "cuda" else None
             module = DistributedDataParallel(inner, process_group=dp_mesh.get_group(), device_ids=ids,
                                              gradient_as_bucket_view=True)
