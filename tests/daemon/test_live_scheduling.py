@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,13 @@ QUICK = ("gpt2", 128)
 """0.5 s a step on any one GPU (the floor): one GPU is its cheapest plan everywhere."""
 
 
+def ran_s(coord: Any, job_id: str) -> float:
+    """Seconds since the coordinator saw the job's current attempt's first step (-inf: not yet)."""
+    rec = coord.table.get(job_id)
+    ready = coord._first_step.get((job_id, rec.attempt)) if rec is not None else None
+    return -math.inf if ready is None else coord.ctx.clock() - ready
+
+
 class Plans:
     """Every (attempt, GPU type, GPU count) a job ran with, from its submitter's record (polled)."""
 
@@ -342,6 +350,10 @@ async def test_a_job_on_slow_gpus_moves_onto_freed_faster_ones_continuing_its_st
     assert plans.seen[0][1] == "T4", plans.seen
     waiting = await c.orch.submit(stand_in(tmp_path, "waiting", 400, *SLOW))
     await eventually(lambda: coord.table.get(waiting.id) is not None)
+    # HAS moves only a job with min_run_s of progress as the coordinator knows it (its first step
+    # reached the coordinator by a heartbeat): free the A100 after that, not when the submitter sees
+    # the step (on a loaded machine the A100 could free up first, and rightly go to the waiting job).
+    await eventually(lambda: ran_s(coord, mover.id) >= pool.min_run_s, limit=120)
     await c.orch.submitter.cancel(busy.id)
     # HAS moves the mover and keeps the T4 it gives up for the waiting job, until the stop frees it.
     await eventually(lambda: waiting.id in coord._pending or c.orch.store.get(waiting.id).state != "queued",
