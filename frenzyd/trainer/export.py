@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzyd.marp.spec import ModelSpec
+from frenzyd.trainer.model import param_dtype
 from frenzyd.trainer.parallel import Parallel
 
 
@@ -39,9 +40,19 @@ def gather_full(par: Parallel) -> dict[str, Any] | None:
     return out
 
 
-def write_hf_dir(spec: ModelSpec, full: dict[str, Any], out_dir: str | Path, *, dtype_mode: str) -> Path:
-    """Write ``full`` (every parameter by FQN) as ``out_dir/config.json`` + ``model.safetensors``."""
+def write_hf_dir(spec: ModelSpec, full: dict[str, Any], out_dir: str | Path, *, dtype_mode: str,
+                 stand_in: bool = False) -> Path:
+    """Write ``full`` (every parameter by FQN) as ``out_dir/config.json`` + ``model.safetensors``.
+
+    ``stand_in``: the model came from ``stand_in_model`` (LLaMA's names and shapes); its directory is
+    written with ``safetensors`` alone, as ``save_pretrained`` would, without importing
+    ``transformers`` on the way out."""
     import torch
+
+    from frenzyd.trainer import stand_in_model
+
+    if stand_in and stand_in_model.supports(spec):
+        return stand_in_model.write_hf_dir(spec, full, Path(out_dir), dtype=param_dtype(dtype_mode))
     from transformers.utils import logging as hf_logging_module
 
     from frenzyd.trainer.model import build_model

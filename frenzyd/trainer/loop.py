@@ -232,8 +232,8 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
     data = TokenData(plan.data, vocab=spec.vocab, seq_len=plan.seq_len, global_batch=plan.global_batch,
                      seed=plan.seed, check=not data_checked)
     mesh = build_mesh(plan, device.type)
-    par = parallelize(build_model(spec, dtype_mode=plan.dtype, recompute=plan.recompute, seed=plan.seed),
-                      plan, mesh, device)
+    par = parallelize(build_model(spec, dtype_mode=plan.dtype, recompute=plan.recompute, seed=plan.seed,
+                                  stand_in=plan.stand_in is not None), plan, mesh, device)
     start, losses = 0, []
     found = ckpt.latest(env.checkpoint_dir)
     if found is not None:
@@ -305,8 +305,8 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
 
         full = gather_full(par)
         if full is not None and env.output_dir is not None:
-            summary.model_dir = str(write_hf_dir(spec, full, env.output_dir / "model",
-                                                 dtype_mode=plan.dtype).resolve())
+            summary.model_dir = str(write_hf_dir(spec, full, env.output_dir / "model", dtype_mode=plan.dtype,
+                                                 stand_in=plan.stand_in is not None).resolve())
     summary.wall_s = time.monotonic() - t0
     if env.output_dir is not None:
         _write_outputs(env, summary, report.to_json())

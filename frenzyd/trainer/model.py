@@ -28,9 +28,20 @@ def hf_config(spec: ModelSpec) -> Any:
     return cfg
 
 
-def build_model(spec: ModelSpec, *, dtype_mode: str, recompute: str, seed: int) -> Any:
-    """``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)``, sdpa attention, train mode."""
+def build_model(spec: ModelSpec, *, dtype_mode: str, recompute: str, seed: int,
+                stand_in: bool = False) -> Any:
+    """``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)``, sdpa attention, train mode.
+
+    ``stand_in``: the job runs a paced stand-in (``StandIn``); a LLaMA-shaped one is built in plain
+    torch (``stand_in_model``), without importing ``transformers``."""
     import torch
+
+    if stand_in:
+        from frenzyd.trainer import stand_in_model
+
+        if stand_in_model.supports(spec):
+            torch.manual_seed(seed)
+            return stand_in_model.build(spec, dtype=param_dtype(dtype_mode), recompute=recompute)
     import transformers
 
     auto: Any = transformers.AutoModelForCausalLM

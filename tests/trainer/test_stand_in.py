@@ -74,3 +74,44 @@ def test_the_client_asks_for_a_stand_in_with_stand_in(tmp_path: Path) -> None:
     sent = {k: v for k, v in paced.items() if k != "data_file"}
     versions = {"python_version": "3.11.7", "torch_version": "2.13.0"}
     assert JobSpec.from_dict({**sent, **versions, "payload_sha256": "0" * 64, "payload_size": 1}).stand_in
+
+
+def test_the_stand_in_model_is_llama_in_plain_torch_and_exports_a_directory_transformers_loads(
+    tmp_path: Path
+) -> None:
+    """The stand-in is built without transformers (its start is most of a loopback placement's cost)
+    but is LlamaForCausalLM: the directory it exports loads there and gives the same logits; the
+    names a checkpoint or export uses are the same; a shape it does not cover goes to transformers."""
+    import dataclasses
+
+    from transformers import LlamaForCausalLM
+
+    from frenzyd.marp.model import load_model
+    from frenzyd.trainer import stand_in_model
+    from frenzyd.trainer.export import write_hf_dir
+    from frenzyd.trainer.model import build_model
+
+    _, env = rank_command(spec(), PLAN, tmp_path, tmp_path / "work", 10.0)
+    model_spec = load_model(json.loads(env["FRENZY_PLAN"])["model"])
+    assert stand_in_model.supports(model_spec)
+    ours = build_model(model_spec, dtype_mode="fp32", recompute="none", seed=3, stand_in=True)
+    assert isinstance(ours, stand_in_model.StandInLM)
+    hf = build_model(model_spec, dtype_mode="fp32", recompute="none", seed=3)
+    assert {n: p.shape for n, p in ours.named_parameters()} == {n: p.shape for n, p in hf.named_parameters()}
+    full = {n: p.detach() + 0.01 * torch.randn_like(p) for n, p in ours.named_parameters()}  # not the init
+    out = write_hf_dir(model_spec, full, tmp_path / "model", dtype_mode="fp32", stand_in=True)
+    loaded = LlamaForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        for n, p in ours.named_parameters():
+            p.copy_(full[n])
+        x = torch.randint(0, model_spec.vocab, (2, 12))
+        mine = ours.eval()(input_ids=x, labels=x)
+        theirs = loaded(input_ids=x, labels=x)
+    torch.testing.assert_close(mine.logits, theirs.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mine.loss, theirs.loss, rtol=1e-4, atol=1e-4)
+    gpt2 = load_model("gpt2")
+    assert not stand_in_model.supports(gpt2)
+    assert not stand_in_model.supports(dataclasses.replace(model_spec, tied_embeddings=True))
+    scaled = dataclasses.replace(model_spec, hf_config={**model_spec.hf_config,
+                                                        "rope_parameters": {"rope_type": "llama3"}})
+    assert not stand_in_model.supports(scaled)
