@@ -202,7 +202,7 @@ class Progress:
         if not isinstance(d, dict) or not isinstance(d.get("step"), int) or "loss" not in d:
             return None
         step = {"type": "step", "job": self.job_id, "attempt": attempt,
-                **{k: d.get(k) for k in ("step", "steps", "loss", "lr", "tokens_per_s", "eta_s")}}
+                **{k: d.get(k) for k in ("step", "steps", "loss", "lr", "tokens_per_s", "eta_s", "step_s")}}
         if isinstance(d["loss"], int | float):
             self.losses.setdefault(attempt, {})[d["step"]] = float(d["loss"])
         self.last_step = step

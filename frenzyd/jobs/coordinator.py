@@ -71,6 +71,15 @@ the job one attempt number per bar, not one per pass)."""
 REFUSED_BAR_MAX_S = 600.0
 
 
+def _step_s(progress: dict[str, Any], most: float) -> float:
+    """The reported step's own seconds (the trainer's ``step_s``), within [0, ``most``]; 0 when the
+    report has none (an older trainer) or it is not a finite number."""
+    raw = progress.get("step_s")
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        return 0.0
+    return min(max(float(raw), 0.0), max(most, 0.0))
+
+
 class CoordinatorRole:
     """Active while this node is the elected coordinator (soft state, rebuilt per term)."""
 
@@ -268,10 +277,15 @@ class CoordinatorRole:
             progress = self._progress(v, rec)
             if progress.get("attempt") == key[1] and isinstance(progress.get("step"), int):
                 del self._start_began[key]
-                self._first_step[key] = now
-                if self.restart.observe_start(now - began, restart_key(rec.spec)):
+                # The report comes when the first step has ended: the start ended when it began, its
+                # own time (step_s) earlier.  Without that, a model with 15 s steps measured every
+                # start 15 s long and HAS was told so for every move (the simulator measures the
+                # start alone).
+                ready = now - _step_s(progress, now - began)
+                self._first_step[key] = ready
+                if self.restart.observe_start(ready - began, restart_key(rec.spec)):
                     log.info("job %s attempt %d: first step %.1fs after its placement; restart cost now "
-                             "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], now - began,
+                             "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], ready - began,
                              self.restart.restart_s, self.restart.start_s, self.restart.stop_s)
 
     def restart_costs(self) -> dict[str, Any]:

@@ -524,7 +524,7 @@ class SubmitterRole:
                 continue
             if isinstance(step, dict) and isinstance(step.get("step"), int) and "loss" in step:
                 self.progress[rec.id] = {
-                    **{k: step.get(k) for k in ("step", "steps", "loss", "tokens_per_s", "eta_s")},
+                    **{k: step.get(k) for k in ("step", "steps", "loss", "tokens_per_s", "eta_s", "step_s")},
                     "attempt": rec.attempt, "updated_at": now,
                 }
                 return

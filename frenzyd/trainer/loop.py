@@ -267,7 +267,7 @@ def train(plan: TrainerPlan, env: RunEnv, *, stop: StopFlag | None = None,
             per = sum(recent) / len(recent)
             line = {"step": step, "steps": plan.steps, "loss": loss, "lr": lr,
                     "tokens_per_s": plan.global_batch * plan.seq_len / per,
-                    "eta_s": (plan.steps - step) * per}
+                    "eta_s": (plan.steps - step) * per, "step_s": step_times[-1]}
             if env.progress:
                 print(json.dumps(line), flush=True)
             control.send({"type": "step", **line}, quiet=True)

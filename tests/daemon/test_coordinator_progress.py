@@ -69,3 +69,29 @@ def test_an_attempt_started_before_this_term_counts_from_its_start() -> None:
     c = role([10.0])
     rec = running(c)
     assert c._running_info(view({"attempt": 1, "step": 3}), rec).ready_s is None
+
+
+def test_a_start_ends_when_the_first_step_begins_not_when_its_report_comes() -> None:
+    """The submitter reports step 1 once it has ended: a model with 15 s steps must not measure every
+    start 15 s longer (HAS would be told moves cost that much more than they do)."""
+    clock = [10.0]
+    c = role(clock)
+    c.restart.weight = 1.0  # the estimate is the last measurement
+    rec = running(c)
+    c._start_began[(rec.id, rec.attempt)] = 5.0
+    clock[0] = 30.0
+    c._measure_starts(view({"attempt": 1, "step": 1, "step_s": 15.0}), clock[0])
+    assert c.restart.start_s == 10.0  # placed at 5, first step from 15 to 30
+    assert c._running_info(view({"attempt": 1, "step": 1}), rec).ready_s == 15.0
+
+
+def test_a_step_time_that_is_not_a_sane_number_is_ignored_or_bounded() -> None:
+    for raw, start in (("15", 25.0), (float("nan"), 25.0), (True, 25.0), (-3.0, 25.0), (1e9, 0.0)):
+        clock = [10.0]
+        c = role(clock)
+        c.restart.weight = 1.0
+        rec = running(c)
+        c._start_began[(rec.id, rec.attempt)] = 5.0
+        clock[0] = 30.0
+        c._measure_starts(view({"attempt": 1, "step": 1, "step_s": raw}), clock[0])
+        assert c.restart.start_s == start, raw

@@ -229,7 +229,7 @@ def test_cli_stops_on_sigterm_with_a_complete_checkpoint(tmp_path: Path, cfg: di
         rest = proc.stdout.read()
         assert proc.wait(timeout=120) == 143
     lines += [json.loads(x) for x in rest.splitlines()]
-    assert set(lines[0]) == {"step", "steps", "loss", "lr", "tokens_per_s", "eta_s"}
+    assert set(lines[0]) == {"step", "steps", "loss", "lr", "tokens_per_s", "eta_s", "step_s"}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["state"] == "stopped"
     assert summary["steps_done"] == lines[-1]["step"]
