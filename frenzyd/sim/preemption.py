@@ -153,20 +153,21 @@ PERIODIC = PreemptionModel(save_on_stop=False)
 
 
 LOOPBACK_STAND_IN = PreemptionModel(
-    start_s=2.59, load_s=0.29, finish_s=0.73, handover_s=1.28, finish_step=True, host_cores=1.25
+    start_s=2.61, load_s=0.01, finish_s=0.72, handover_s=1.00, finish_step=True, host_cores=1.75
 )
 """A live loopback pool of simulated GPUs running paced stand-ins, measured on this project's 2-core
-machine with nothing else running on 2026-12-02 (14:11 UTC, at 081834a: stand-ins built in plain
-torch) by ``python scripts/bench_live.py --calibrate`` (a 2-daemon pool, one simulated A100-80GB,
-gpt2 stand-ins of one rank; ``results/live-run5-calibration.json``): ``start_s`` = median of 3 jobs
-alone, submission to the first step's start (2.62, 2.59, 2.57 s: the coordinator's pass, lease,
-rendezvous store, process start, torch import, rendezvous, model build); ``finish_s`` = median, last
-step to succeeded (0.70, 0.73, 0.73 s: final evaluation, export, exit report); ``handover_s`` = mean
-of 2 preemptions of a long job by a short one, the long job's last step to the short job's first
-less ``start_s`` (1.29, 1.28 s: checkpoint write, its transfer to the submitter, the exit report,
-the requeue); ``load_s`` = what the long job's resumed start took beyond ``start_s`` (0.32, 0.27 s);
-``host_cores`` = the cores at which the host model reproduces 4 one-rank starts submitted at once to
-4 one-GPU daemons (first steps 5.2-5.7 s: 1.25 of the machine's 2 cores, the rest going to what
-the model does not count per rank: each attempt's rendezvous store imports torch, the daemons).
-Until 081834a a rank built its stand-in through transformers: start 5.80 s, finish 1.69 s, 2.0
-cores.  Used by ``scripts/bench_live.py --tiny``; a full run measures afresh before its replay."""
+machine with nothing else running on 2026-12-02 (15:20 UTC, at 9ef4f13 plus the 3-round core
+calibration) by ``python scripts/bench_live.py --calibrate`` (``results/live-calibration.json``; a
+2-daemon pool, one simulated A100-80GB, gpt2 stand-ins of one rank): ``start_s`` = median of 3 jobs
+alone, submission to the first step's start (2.97, 2.61, 2.55 s: the coordinator's pass, lease,
+rendezvous store, process start, torch import, rendezvous, model build in plain torch);
+``finish_s`` = median, last step to succeeded (0.72, 0.72, 0.68 s: final evaluation, export, exit
+report); ``handover_s`` = mean of 2 preemptions of a long job by a short one, the long job's last
+step to the short job's first less ``start_s`` (1.04, 0.95 s: checkpoint write, its transfer to the
+submitter, the exit report, the requeue); ``load_s`` = what the long job's resumed start took beyond
+``start_s`` (−0.04, 0.06 s); ``host_cores`` = the median of 3 rounds' fits (1.75, 1.75, 1.8) of the
+host model to 4 one-rank starts submitted at once to 4 one-GPU daemons (first steps 3.7-4.1 s):
+the rest of the 2 cores goes to what the model does not count per rank (each attempt's rendezvous
+store imports torch; the daemons).  Until 081834a a rank built its stand-in through transformers:
+start 5.80 s, finish 1.69 s.  Used by ``scripts/bench_live.py --tiny``; a full run measures afresh
+before its replay."""
