@@ -223,15 +223,17 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             n2.client("owner", "busy")  # the submitter's owner keeps its T4: the ranks run elsewhere
             out = n2.client("run", "--detach", "--json", "--model", str(jobdir / "tiny.json"), "--data",
                             str(jobdir / "corpus.txt"), "--seq-len", "16", "--global-batch", "8", "--steps",
-                            "600", "--dtype", "fp32", "--checkpoint-every", "20", timeout=120)
+                            "6000", "--dtype", "fp32", "--checkpoint-every", "200", timeout=120)
             job_d = str(json.loads(out.strip().splitlines()[-1])["job"])
 
             def progress() -> dict[str, Any] | None:
                 jobs = json.loads(n2.client("jobs", "--json", check=False) or "{}").get("jobs", [])
                 return next((j for j in jobs if j["id"] == job_d), None)
 
-            first = wait_until(lambda: (j := progress()) and (j.get("progress") or {}).get("step", 0) >= 60
-                               and j, 240, "the trainer job past step 60")
+            # Alone on this machine a step takes ~6 ms: 6,000 steps leave the kill below ~30 s to land
+            # mid-run (with 600 the job once finished during the sleep; loaded, a step is slower).
+            first = wait_until(lambda: (j := progress()) and (j.get("progress") or {}).get("step", 0) >= 400
+                               and j, 240, "the trainer job past step 400")
             host = {ids[n]: d for n, d in zip(names, daemons, strict=True)}[first["ranks"][0]["peer"]]
             assert host is not n2
             time.sleep(3)  # a checkpoint copy interval: the last saved step reaches the submitter
@@ -243,7 +245,7 @@ def test_three_peer_pool_in_namespaces(tmp_path: Path) -> None:
             trained = tmp_path / "trained"
             n2.client("results", job_d, "--out", str(trained), timeout=120)
             summary = json.loads(next(trained.rglob("summary.json")).read_text())
-            assert summary["steps_done"] == 600
+            assert summary["steps_done"] == 6000
             assert summary["resumed_from_steps"], summary
             assert summary["resumed_from_steps"][0] > 0, summary
         except BaseException:
