@@ -358,7 +358,15 @@ class SubmitterRole:
             if rec.state == "running":
                 lost = self._lost_peers(v, rec, now)
                 if lost:
-                    rec = step(rec, Requeue(rec.attempt, f"lost ranks on peer {lost[0][:12]}"), now=now)
+                    # A peer of an attempt being preempted (another peer already reported its ranks
+                    # stopped as ordered) whose report has not come yet stopped as ordered too: its
+                    # heartbeat dropped the lease before its exit report arrived.  Counting that as a
+                    # lost attempt failed a job moved three times across two hosts (bench_live).
+                    ordered = (rec.id, rec.attempt) in self._preempted
+                    why = f"preempted; peer {lost[0][:12]}'s exit report did not come" if ordered else \
+                        f"lost ranks on peer {lost[0][:12]}"
+                    self._preempted.pop((rec.id, rec.attempt), None)
+                    rec = step(rec, Requeue(rec.attempt, why, lost=not ordered), now=now)
                     self.store.save(rec)
                     self._acked.pop(rec.id, None)
                     log.warning("job %s: %s; requeued", rec.id, rec.message)
