@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from frenzyd.marp.spec import ModelSpec
+from frenzyd.trainer.parallel import causal_lm_loss
 
 ROPE_THETA_DEFAULT = 10000.0
 RMS_EPS_DEFAULT = 1e-6
@@ -170,11 +171,7 @@ class StandInLM(nn.Module):
             else:
                 x = layer(x, cos, sin)
         logits = self.lm_head(self.model.norm(x))
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                   labels[:, 1:].reshape(-1))
-        return Output(loss, logits)
+        return Output(None if labels is None else causal_lm_loss(logits, labels), logits)
 
 
 def build(spec: ModelSpec, *, dtype: torch.dtype, recompute: str) -> StandInLM:
@@ -189,8 +186,8 @@ def write_hf_dir(spec: ModelSpec, full: dict[str, Any], out: Path, *, dtype: tor
     ``config.json`` and ``model.safetensors``, as ``save_pretrained`` writes them."""
     from safetensors.torch import save_file
 
-    model = StandInLM(spec)
-    names = {n for n, _ in model.named_parameters()}
+    with torch.device("meta"):  # the names only: no weights drawn
+        names = {n for n, _ in StandInLM(spec).named_parameters()}
     if names != set(full):
         missing, extra = sorted(names - set(full))[:5], sorted(set(full) - names)[:5]
         raise RuntimeError(f"exported weights do not match the model: missing {missing}, unexpected {extra}")
