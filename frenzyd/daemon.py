@@ -224,6 +224,14 @@ class Daemon:
                 peers[rec.node_id] = {**rec.report.to_dict(), "name": rec.name, "address": rec.address}
         return ClusterView(election.coordinator, election.term, peers)
 
+    async def refresh_status(self) -> None:
+        """Before a status is read: under swim, bring the coordinator's view of the other members'
+        GPUs up to date (at most once per ``heartbeat_s``, waiting at most ``request_timeout_s``)."""
+        if self.net is not None and self.net.members is not None:
+            t = self.config.timing
+            await self.net.members.refresh_pool_view(max_age_s=max(t.heartbeat_s, 1.0),
+                                                     wait_s=t.request_timeout_s)
+
     def status(self) -> dict[str, Any]:
         """The status JSON of DESIGN.md §6 (served by the web page and ``frenzy-client status``)."""
         if self.net is None or self.orch is None:
@@ -234,12 +242,18 @@ class Daemon:
         peers = [PeerState(self.node_id, self.creds.node_name, self.net.address, True, self._self_report(),
                            clock_offset_s=0.0)]
         names = {self.node_id: self.creds.node_name}
+        # Under swim this node hears full reports only from the coordinator and its jobs' peers; the
+        # others' GPUs come from the coordinator's view (refresh_status, when someone looks).
+        view = self.net.members.pool_view if self.net.members is not None else {}
         for rec in self.net.table.records():
             if rec.node_id == self.node_id:
                 continue
             names[rec.node_id] = rec.name
             alive = self.net.table.is_alive(rec.node_id, now)
             report = rec.report.to_dict()
+            theirs = view.get(rec.node_id)
+            if theirs is not None and now - rec.last_seen >= self.net.table.timeout_s:
+                report = theirs.report.to_dict()
             their = report.get("time")
             offset = None if not isinstance(their, int | float) or isinstance(their, bool) else \
                 float(their) - (wall - (now - rec.last_seen))
@@ -346,9 +360,10 @@ class Daemon:
             # ExceptionGroup) and before mDNS announces this node: a node that dies on a taken port
             # must not have told the pool it exists.
             await net.start()  # ConfigError naming [network] listen when the port is taken
-            self.web = WebServer(build_web_app(self.status, self.metrics), cfg.web.listen.host,
-                                 cfg.web.listen.port, idle_timeout_s=cfg.web.idle_timeout_s,
-                                 max_connections=cfg.web.max_connections)
+            app = build_web_app(self.status, self.metrics, self.refresh_status)
+            w = cfg.web
+            self.web = WebServer(app, w.listen.host, w.listen.port, idle_timeout_s=w.idle_timeout_s,
+                                 max_connections=w.max_connections)
             await _bind(self.web.start, "the status page", str(cfg.web.listen), "[web] listen",
                         "FRENZY_WEB_LISTEN")
             async with asyncio.TaskGroup() as tg:
@@ -363,7 +378,8 @@ class Daemon:
                                            admin_group=cfg.client.admin_group,
                                            quota=Quota(cfg.jobs.max_queued_per_user,
                                                        cfg.jobs.max_active_per_user),
-                                           revocations=net.accept_revocations)
+                                           revocations=net.accept_revocations,
+                                           refresh=self.refresh_status)
                 self.client_api.app.router.add_post("/v1/owner", self.owner_signal)
                 await _bind(self.client_api.start, "the client API", cfg.client.listen, "[client] listen",
                             "FRENZY_CLIENT_LISTEN")

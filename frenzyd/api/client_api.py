@@ -42,7 +42,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ MAX_REQUEST_BYTES = 1 << 20
 
 _ORCH: web.AppKey[Orchestrator] = web.AppKey("orch", Orchestrator)
 _STATUS: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("status")
+_REFRESH: web.AppKey[Callable[[], Awaitable[None]] | None] = web.AppKey("refresh")
 _TOKENS: web.AppKey[UserTokens] = web.AppKey("tokens", UserTokens)
 
 
@@ -122,6 +123,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 async def _status(request: web.Request) -> web.Response:
+    if (refresh := request.app[_REFRESH]) is not None:
+        await refresh()
     return web.json_response(request.app[_STATUS]())
 
 
@@ -392,11 +395,12 @@ async def _results(request: web.Request) -> web.Response:
 def build_client_app(
     orch: Orchestrator, status: Callable[[], dict[str, Any]], identify: Identify, tokens: UserTokens,
     *, quota: Quota | None = None, revocations: AcceptRevocations | None = None,
+    refresh: Callable[[], Awaitable[None]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the local API; ``identify`` tells who calls."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BYTES)
     app[_ORCH], app[_STATUS], app[IDENTIFY], app[_TOKENS] = orch, status, identify, tokens
-    app[_QUOTA], app[_REVOCATIONS] = quota or Quota(), revocations
+    app[_QUOTA], app[_REVOCATIONS], app[_REFRESH] = quota or Quota(), revocations, refresh
     app.router.add_post("/v1/revocations", _revocations)
     app.router.add_get("/v1/status", _status)
     app.router.add_get("/v1/whoami", _whoami)
@@ -416,7 +420,8 @@ class ClientApi:
 
     def __init__(self, listen: str, data_dir: Path, orch: Orchestrator, status: Callable[[], dict[str, Any]],
                  *, admin_group: str = DEFAULT_ADMIN_GROUP, quota: Quota | None = None,
-                 revocations: AcceptRevocations | None = None):
+                 revocations: AcceptRevocations | None = None,
+                 refresh: Callable[[], Awaitable[None]] | None = None):
         self.kind, self.path, self.host, self.port = parse_listen(listen)
         if self.kind == "tcp" and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning("client API on %s: reachable beyond this machine, protected only by the token",
@@ -427,7 +432,7 @@ class ClientApi:
         self.identify = Identify(admin_group=admin_group, daemon_uid=os.geteuid(), admin_token=self.token,
                                  tokens=self.tokens)
         self.app = build_client_app(orch, status, self.identify, self.tokens, quota=quota,
-                                    revocations=revocations)
+                                    revocations=revocations, refresh=refresh)
         self._runner: web.AppRunner | None = None
 
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -24,17 +24,23 @@ from frenzyd.api.status_page import SCRIPT, render_live, render_page, stylesheet
 log = logging.getLogger(__name__)
 
 StatusProvider = Callable[[], Mapping[str, Any]]
+StatusRefresh = Callable[[], Awaitable[None]]
+"""Awaited before a page or the status JSON is built (the daemon's ``refresh_status``)."""
 
 _STATUS: web.AppKey[StatusProvider] = web.AppKey("status")
 _METRICS: web.AppKey[MetricsRegistry] = web.AppKey("metrics")
+_REFRESH: web.AppKey[StatusRefresh | None] = web.AppKey("refresh")
 
 __all__ = ["PAGE_HEADERS", "WebServer", "build_web_app", "render_page"]
 
 
-def build_web_app(status: StatusProvider, metrics: MetricsRegistry) -> web.Application:
-    """The web application; ``status()`` is called on every request (cheap, no I/O)."""
+def build_web_app(status: StatusProvider, metrics: MetricsRegistry,
+                  refresh: StatusRefresh | None = None) -> web.Application:
+    """The web application; ``status()`` is called on every request (cheap, no I/O), after
+    ``refresh()`` for the page and the JSON (not for ``/metrics``, which shows this node's own view)."""
     app = web.Application(client_max_size=4096)
     app[_STATUS] = status
+    app[_REFRESH] = refresh
     app[_METRICS] = metrics
     metrics.bind_status(status)
     app.router.add_get("/", _page)
@@ -46,8 +52,10 @@ def build_web_app(status: StatusProvider, metrics: MetricsRegistry) -> web.Appli
     return app
 
 
-def _snapshot(request: web.Request, path: str) -> Mapping[str, Any]:
+async def _snapshot(request: web.Request, path: str) -> Mapping[str, Any]:
     request.app[_METRICS].web_requests.labels(path=path).inc()
+    if (refresh := request.app[_REFRESH]) is not None:
+        await refresh()
     try:
         return request.app[_STATUS]()
     except Exception as exc:
@@ -56,7 +64,7 @@ def _snapshot(request: web.Request, path: str) -> Mapping[str, Any]:
 
 
 async def _status_json(request: web.Request) -> web.Response:
-    st = _snapshot(request, "/api/v1/status")
+    st = await _snapshot(request, "/api/v1/status")
     return web.Response(text=json.dumps(st, default=str), content_type="application/json")
 
 
@@ -67,12 +75,12 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _page(request: web.Request) -> web.Response:
-    st = _snapshot(request, "/")
+    st = await _snapshot(request, "/")
     return web.Response(text=render_page(st), content_type="text/html", headers=PAGE_HEADERS)
 
 
 async def _live(request: web.Request) -> web.Response:
-    st = _snapshot(request, "/live")
+    st = await _snapshot(request, "/live")
     return web.Response(text=render_live(st), content_type="text/html", headers=PAGE_HEADERS)
 
 

@@ -29,9 +29,18 @@ from frenzyd.net.election import Change, ElectionState, PeerView
 from frenzyd.net.gossip import SWIM_KINDS, GossipDriver
 from frenzyd.net.heartbeats import Heartbeats
 from frenzyd.net.membership import ALIVE, DEAD, SUSPECT, Membership, Params, SwimMessage
-from frenzyd.net.messages import HeartbeatReport, MemberEntry, SwimAck
+from frenzyd.net.messages import (
+    POOL_PEERS_MAX,
+    HeartbeatReport,
+    MemberEntry,
+    PeerSummary,
+    PoolPeers,
+    PoolView,
+    SwimAck,
+    pool_page,
+)
 from frenzyd.net.peer_table import PeerTable
-from frenzyd.net.transport import Transport
+from frenzyd.net.transport import FRAME_OVERHEAD, Transport
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,10 @@ MAX_IN_FLIGHT = 4
 """Membership posts in flight to one address; more are dropped (the protocol tolerates loss)."""
 SWIM_REPLY_MAX = 64 * 1024
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+POOL_VIEW_PAGES = 64
+"""Most ``pool.view`` pages one refresh fetches (a page holds up to 512 KiB of members' reports)."""
+POOL_VIEW_RETRY_S = 0.25
+"""A view that misses a live member is fetched again after this long (not only after ``max_age_s``)."""
 
 
 MIN_PERIOD_S = 0.25
@@ -111,6 +124,12 @@ class Members:
         self._rng = random.Random()
         for kind in SWIM_KINDS:
             dispatch.on(kind, self._handle)
+        dispatch.on(PoolView.KIND, self._answer_pool_view)
+        self.pool_view: dict[str, PeerSummary] = {}
+        """The coordinator's members with their status fields, as :meth:`refresh_pool_view` last got them."""
+        self.pool_view_at: float | None = None
+        """When :attr:`pool_view` was fetched (this node's monotonic clock), None before the first time."""
+        self._pool_view_task: asyncio.Task[None] | None = None
         heartbeats.targets = self.targets
         heartbeats.view_listeners.append(self._view_changed)
         heartbeats.unreachable_listeners.append(self._unreachable)
@@ -233,6 +252,68 @@ class Members:
     def _view_changed(self, change: Change) -> None:
         if self.driver is not None and self.driver.running:
             self.driver.set_view(term=change.after.term, coordinator=change.after.coordinator)
+
+    # --- the coordinator's view, for the status page ---------------------------------------
+
+    async def _answer_pool_view(self, peer_id: str, msg: Any) -> Reply:
+        """A page of the members this node holds a fresh report of (the coordinator holds everyone's)."""
+        ask: PoolView = msg
+        now = self._clock()
+        peers = [PeerSummary.of(r.node_id, r.name, r.address, self.table.is_alive(r.node_id, now),
+                                r.report.to_dict())
+                 for r in sorted(self.table.records(), key=lambda r: r.node_id)
+                 if now - r.last_seen < self.table.timeout_s and r.node_id != peer_id]
+        page = pool_page(peers, ask.offset)
+        return Reply(page.KIND, page.to_body())
+
+    async def refresh_pool_view(self, *, max_age_s: float, wait_s: float) -> None:
+        """Fetch the coordinator's view (its members' GPUs and versions) when :attr:`pool_view` is older
+        than ``max_age_s`` (or :data:`POOL_VIEW_RETRY_S` when it misses a live member), waiting at most
+        ``wait_s`` for it (the fetch goes on after that; one at a time).  A member's work stays flat in
+        the pool's size: it asks only when its status is read."""
+        coord = self.election.coordinator
+        if coord is None or coord == self.creds.node_id:
+            return
+        if self.pool_view_at is not None:
+            age = self._clock() - self.pool_view_at
+            if age < max_age_s and (age < POOL_VIEW_RETRY_S or not self._pool_view_misses(coord)):
+                return
+        if self._pool_view_task is None or self._pool_view_task.done():
+            self._pool_view_task = asyncio.get_running_loop().create_task(self._fetch_pool_view(coord))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._pool_view_task), wait_s)
+
+    def _pool_view_misses(self, coord: str) -> bool:
+        """Whether a live member this node has no fresh report of is missing from the view (it joined
+        since, or the coordinator had not heard it yet)."""
+        now = self._clock()
+        return any(r.node_id not in self.pool_view and r.node_id not in (coord, self.creds.node_id)
+                   and self.table.is_alive(r.node_id, now) and now - r.last_seen >= self.table.timeout_s
+                   for r in self.table.records())
+
+    async def _fetch_pool_view(self, coord: str) -> None:
+        got: dict[str, PeerSummary] = {}
+        offset = 0
+        timeout_s = self.config.timing.request_timeout_s
+        try:
+            for _ in range(POOL_VIEW_PAGES):
+                frame = wire.encode_message(PoolView(offset))
+                reply = await self.transport.send_frame(coord, PoolView.KIND, frame, timeout_s,
+                                                        POOL_PEERS_MAX + FRAME_OVERHEAD)
+                page = wire.parse(reply)
+                if not isinstance(page, PoolPeers) or page.offset != offset:
+                    self.counters.dropped["pool_view"] += 1
+                    return
+                got.update((p.node_id, p) for p in page.peers)
+                offset += len(page.peers)
+                if not page.peers or offset >= page.total:
+                    break
+        except (PeerError, wire.FrameRejected) as exc:
+            log.info("membership: the coordinator's view did not come (%s); the status shows what this "
+                     "node has", exc)
+            return
+        self.pool_view = got
+        self.pool_view_at = self._clock()
 
     # --- moving frames -----------------------------------------------------------------------
 

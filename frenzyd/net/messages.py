@@ -18,11 +18,11 @@ absent (``None`` here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
-from frenzyd.net.wire import KINDS, Body, FrameRejected, message
+from frenzyd.net.wire import KINDS, Body, FrameRejected, message, packed_size
 
 REPORT_VERSIONS: Final = ("python", "torch")
 """The report's version strings, in wire order."""
@@ -423,3 +423,105 @@ class Revocations(Body):
         if not 0 <= version < 1 << 53:
             raise FrameRejected("schema", f"revocations: version {version} out of range")
         return cls(version=version, list=raw, sig=sig)
+
+
+# --- the coordinator's view, for a member's status page (swim) ----------------------------------
+
+POOL_PEERS_MAX: Final = 1024 * 1024
+"""Cap on one ``pool.peers`` page."""
+POOL_PAGE_BYTES: Final = 512 * 1024
+"""A page holds peers until their encoded reports pass this many bytes (and at least one peer)."""
+STATUS_REPORT_KEYS: Final = ("python", "torch", "gpus", "launcher", "time")
+"""What the status JSON reads from another member's report (``frenzyd.jobs.status``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSummary:
+    """One member as the coordinator last heard it: identity, liveness and the part of its report the
+    status page shows.  On the wire ``[node_id, name, address, alive, report]``."""
+
+    node_id: str
+    name: str
+    address: str
+    alive: bool
+    report: HeartbeatReport
+
+    @classmethod
+    def of(cls, node_id: str, name: str, address: str, alive: bool, report: Mapping[str, Any]) -> Self:
+        """A summary carrying only :data:`STATUS_REPORT_KEYS` of ``report``."""
+        return cls(node_id, name, address, alive,
+                   HeartbeatReport.from_dict({k: report[k] for k in STATUS_REPORT_KEYS if k in report}))
+
+    def to_wire(self) -> list[Any]:
+        return [self.node_id, self.name, self.address, self.alive, self.report.to_dict()]
+
+    @classmethod
+    def from_wire(cls, value: object) -> Self:
+        """Check and take a summary; raise :class:`FrameRejected` (``schema``)."""
+        if not isinstance(value, list | tuple) or len(value) != 5:
+            raise FrameRejected("schema", "pool.peers: a peer is not a list of 5 fields")
+        node_id, name, address, alive, report = value
+        if not isinstance(alive, bool) or not isinstance(report, Mapping):
+            raise FrameRejected("schema", "pool.peers: 'alive' is not a bool or the report not a map")
+        nid = _text("node_id", node_id)
+        if not nid:
+            raise FrameRejected("schema", "pool.peers: empty node id")
+        return cls(nid, _text("name", name), _text("address", address), alive,
+                   HeartbeatReport.from_dict(report))
+
+
+@message("pool.view", {"offset": int})
+@dataclass(frozen=True, slots=True)
+class PoolView(Body):
+    """A member -> the coordinator: the page of the coordinator's members from ``offset`` (in node id
+    order), answered with ``pool.peers``.  Under ``swim`` a member holds full reports only from the
+    coordinator and its jobs' peers; its status page asks for the rest when someone looks."""
+
+    offset: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return {"offset": self.offset}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        return cls(_int("offset", body["offset"], MAX_SYNC_ENTRIES))
+
+
+@message("pool.peers", {"offset": int, "total": int, "peers": list}, max_bytes=POOL_PEERS_MAX)
+@dataclass(frozen=True, slots=True)
+class PoolPeers(Body):
+    """The answer to ``pool.view``: ``peers`` from ``offset`` of the ``total`` the sender has reports of."""
+
+    offset: int
+    total: int
+    peers: tuple[PeerSummary, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"offset": self.offset, "total": self.total, "peers": [p.to_wire() for p in self.peers]}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Self:
+        peers = body["peers"]
+        if len(peers) > MAX_SYNC_ENTRIES:
+            raise FrameRejected("schema", f"pool.peers: {len(peers)} peers > {MAX_SYNC_ENTRIES}")
+        return cls(_int("offset", body["offset"], MAX_SYNC_ENTRIES),
+                   _int("total", body["total"], MAX_SYNC_ENTRIES),
+                   tuple(PeerSummary.from_wire(p) for p in peers))
+
+
+def pool_page(peers: Sequence[PeerSummary], offset: int, budget: int = POOL_PAGE_BYTES) -> PoolPeers:
+    """The ``pool.peers`` page of ``peers`` from ``offset``: peers while their encoded size stays within
+    ``budget`` (at least one).  A peer larger than the budget alone goes without its GPUs."""
+    out: list[PeerSummary] = []
+    size = 0
+    for peer in peers[offset:]:
+        p, n = peer, packed_size(peer.to_wire())
+        if n > budget:
+            p = PeerSummary(peer.node_id, peer.name, peer.address, peer.alive,
+                            HeartbeatReport(python=peer.report.python, torch=peer.report.torch))
+            n = packed_size(p.to_wire())
+        if out and size + n > budget:
+            break
+        out.append(p)
+        size += n
+    return PoolPeers(offset, len(peers), tuple(out))

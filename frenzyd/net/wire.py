@@ -171,6 +171,14 @@ def encode(kind: str, body: Mapping[str, Any]) -> bytes:
     return data
 
 
+def packed_size(value: Any) -> int:
+    """The bytes ``value`` takes inside a frame (for filling a page up to its kind's cap)."""
+    try:
+        return len(msgpack.packb(value, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"cannot encode {type(value).__name__}: {exc}") from exc
+
+
 def _no_ext(code: int, data: bytes) -> object:
     raise FrameRejected("malformed", f"msgpack extension type {code} is not allowed")
 

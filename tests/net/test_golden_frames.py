@@ -116,6 +116,9 @@ def frames() -> dict[str, bytes]:
         "reply.payload": wire.encode("ok", PayloadChunk(b"\x00\x01payload", 1234).to_body()),
         "revocations": enc(Revocations(2, b'{"format":"frenzy-revocations","version":2}', bytes(range(64)))),
         "revocations.version": enc(Revocations(0)),
+        "pool.view": enc(swim.PoolView(128)),
+        "pool.peers": enc(swim.PoolPeers(0, 2, (swim.PeerSummary.of("m" * 64, "ws-02", "10.0.0.2:7470", True,
+                                                                    report),))),
     }
 
 

@@ -18,7 +18,7 @@ from frenzyd.net import auth, wire
 from frenzyd.net.election import ElectionState
 from frenzyd.net.membership import ALIVE
 from frenzyd.net.membership_net import JOIN_DELAY_PERIODS
-from frenzyd.net.messages import HeartbeatReport, MemberEntry, SwimSync
+from frenzyd.net.messages import HeartbeatReport, MemberEntry, PeerSummary, PoolView, SwimSync, pool_page
 from frenzyd.net.network import PeerNetwork
 from frenzyd.net.transport import Transport
 
@@ -134,3 +134,81 @@ async def test_a_found_address_is_joined_later_and_not_at_all_when_gossip_brings
     assert "127.0.0.1:9" in synced
     assert "127.0.0.1:10" not in synced
     assert n2.address not in synced
+
+
+def _gpu(uuid: str) -> dict[str, Any]:
+    return {"uuid": uuid, "type": "T4", "memory_bytes": 16 << 30, "free_bytes": 15 << 30, "simulated": True,
+            "leased_to": None}
+
+
+async def test_a_member_gets_the_other_members_gpus_from_the_coordinators_view(
+    tmp_path: Path, creds: dict[str, auth.Credentials],
+) -> None:
+    """Under swim a member hears full reports only from the coordinator (and its jobs' peers); its status
+    asks the coordinator for the rest, in pages, at most once per ``max_age_s``."""
+    nets: dict[str, PeerNetwork] = {}
+    try:
+        for name, prio in (("n1", 5), ("n2", 0), ("n3", 0)):
+            cfg = swim_config(tmp_path, creds[name], prio)
+            el = ElectionState(creds[name].node_id, prio, started_at=time.monotonic(),
+                               grace_s=cfg.timing.election_grace_s)
+            nets[name] = PeerNetwork(cfg, creds[name], el,
+                                     report_provider=lambda n=name: {"gpus": [_gpu(f"GPU-{n}")]})
+            await nets[name].start()
+        for name in ("n2", "n3"):
+            nets[name].add_address(nets["n1"].address, source="static")
+        n1, n2 = nets["n1"], nets["n2"]
+        id1, id3 = creds["n1"].node_id, creds["n3"].node_id
+        assert await n2.wait_until(lambda: n2.election.coordinator == id1, 15.0)
+        assert await n1.wait_until(lambda: bool((r := n1.table.get(id3)) and r.report.gpus), 15.0)
+        assert n2.members is not None
+        # swim: n3's heartbeats go to the coordinator only (n2 may have heard one while the election
+        # was still open, so wait for what it heard directly to go stale).
+        assert await n2.wait_until(lambda: bool((r := n2.table.get(id3)) and r.member and
+                                                time.monotonic() - r.last_seen >= n2.table.timeout_s), 10.0)
+
+        await n2.members.refresh_pool_view(max_age_s=60.0, wait_s=5.0)
+        got = n2.members.pool_view
+        assert creds["n2"].node_id not in got, "the asker is left out"
+        assert [g["uuid"] for g in got[id3].report.gpus or ()] == ["GPU-n3"]
+        assert got[id3].alive
+        assert got[id3].name == "n3"
+        asked = n1.counters.received[PoolView.KIND]
+        await n2.members.refresh_pool_view(max_age_s=60.0, wait_s=5.0)  # fresh enough: not asked again
+        assert n1.counters.received[PoolView.KIND] == asked
+    finally:
+        for net in nets.values():
+            await net.stop()
+
+
+def test_pool_pages_fill_to_the_budget_and_a_peer_too_large_goes_without_gpus() -> None:
+    peers = [PeerSummary.of(f"{i:064x}", f"ws-{i}", f"10.0.0.{i}:7470", True,
+                            {"python": "3.11.7", "gpus": [_gpu(f"GPU-{i}-{k}") for k in range(4)],
+                             "jobs": [{}]})
+             for i in range(10)]
+    assert "jobs" not in peers[0].report.to_dict(), "only what the status shows travels"
+    one = wire.packed_size(peers[0].to_wire())
+    page = pool_page(peers, 0, budget=3 * one + 1)
+    assert (page.offset, page.total, len(page.peers)) == (0, 10, 3)
+    rest = pool_page(peers, 9, budget=3 * one + 1)
+    assert [p.node_id for p in rest.peers] == [peers[9].node_id]
+    small = pool_page(peers, 0, budget=one // 2)
+    assert small.peers
+    assert all(p.report.gpus is None and p.report.python == "3.11.7" for p in small.peers)
+    assert sum(wire.packed_size(p.to_wire()) for p in small.peers) <= one // 2
+    # A page survives its own wire: encoded, capped, decoded and checked.
+    frame = wire.encode_message(page)
+    assert wire.parse(wire.decode(frame, max_bytes=len(frame))) == page
+
+
+@pytest.mark.parametrize("bad", [
+    [["", "n", "a", True, {}]],  # empty node id
+    [["a" * 64, "n", "a", "yes", {}]],  # alive not a bool
+    [["a" * 64, "n", "a", True, {"gpus": [{"free_bytes": -1}]}]],  # a report the heartbeat would refuse
+    [["a" * 64, "n", "a", True]],  # a field short
+])
+def test_a_malformed_pool_page_is_refused(bad: list[Any]) -> None:
+    frame = wire.encode("pool.peers", {"offset": 0, "total": 1, "peers": bad})
+    with pytest.raises(wire.FrameRejected) as err:
+        wire.parse(wire.decode(frame, max_bytes=len(frame)))
+    assert err.value.reason == "schema"
