@@ -243,20 +243,24 @@ class Daemon:
                            clock_offset_s=0.0)]
         names = {self.node_id: self.creds.node_name}
         # Under swim this node hears full reports only from the coordinator and its jobs' peers; the
-        # others' GPUs come from the coordinator's view (refresh_status, when someone looks).
+        # others' GPUs and jobs come from the coordinator's view (refresh_status, when someone looks).
         view = self.net.members.pool_view if self.net.members is not None else {}
+        base = self.view()
+        job_peers = dict(base.peers)
         for rec in self.net.table.records():
             if rec.node_id == self.node_id:
                 continue
             names[rec.node_id] = rec.name
             alive = self.net.table.is_alive(rec.node_id, now)
             report = rec.report.to_dict()
-            theirs = view.get(rec.node_id)
-            if theirs is not None and now - rec.last_seen >= self.net.table.timeout_s:
-                report = theirs.report.to_dict()
             their = report.get("time")
             offset = None if not isinstance(their, int | float) or isinstance(their, bool) else \
                 float(their) - (wall - (now - rec.last_seen))
+            stale = now - rec.last_seen >= self.net.table.timeout_s
+            if (theirs := view.get(rec.node_id)) is not None and stale:
+                report, offset = theirs.report.to_dict(), None
+                if alive:
+                    job_peers[rec.node_id] = {**report, "name": rec.name, "address": rec.address}
             peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, report,
                                    seen_by=self.net.book.sources(rec.node_id), clock_offset_s=offset))
         coord = election.coordinator
@@ -264,7 +268,7 @@ class Daemon:
         return build_status(
             node_id=self.node_id, node_name=self.creds.node_name, term=election.term,
             coordinator=None if coord is None else (coord, names.get(coord, coord[:12])),
-            peers=peers, jobs=self.orch.jobs_view(self.view()),
+            peers=peers, jobs=self.orch.jobs_view(ClusterView(base.coordinator, base.term, job_peers)),
             other_versions=self.net.counters.other_versions, now=wall,
             gpu_backend=None if backend is None else
             {"kind": "declared" if backend.simulated else "nvml", "note": backend.note},

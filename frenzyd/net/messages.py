@@ -431,8 +431,9 @@ POOL_PEERS_MAX: Final = 1024 * 1024
 """Cap on one ``pool.peers`` page."""
 POOL_PAGE_BYTES: Final = 512 * 1024
 """A page holds peers until their encoded reports pass this many bytes (and at least one peer)."""
-STATUS_REPORT_KEYS: Final = ("python", "torch", "gpus", "launcher", "time")
-"""What the status JSON reads from another member's report (``frenzyd.jobs.status``)."""
+STATUS_REPORT_KEYS: Final = ("python", "torch", "gpus", "jobs", "launcher", "time")
+"""What the status JSON reads from another member's report (``frenzyd.jobs.status``; ``jobs``: the
+jobs it submitted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,12 +512,18 @@ class PoolPeers(Body):
 
 def pool_page(peers: Sequence[PeerSummary], offset: int, budget: int = POOL_PAGE_BYTES) -> PoolPeers:
     """The ``pool.peers`` page of ``peers`` from ``offset``: peers while their encoded size stays within
-    ``budget`` (at least one).  A peer larger than the budget alone goes without its GPUs."""
+    ``budget`` (at least one).  A peer larger than the budget alone goes without its jobs (and, if still
+    too large, without its GPUs)."""
     out: list[PeerSummary] = []
     size = 0
     for peer in peers[offset:]:
         p, n = peer, packed_size(peer.to_wire())
         if n > budget:
+            p = PeerSummary(peer.node_id, peer.name, peer.address, peer.alive,
+                            HeartbeatReport(python=peer.report.python, torch=peer.report.torch,
+                                            gpus=peer.report.gpus))
+            n = packed_size(p.to_wire())
+        if n > budget:  # then without its GPUs too
             p = PeerSummary(peer.node_id, peer.name, peer.address, peer.alive,
                             HeartbeatReport(python=peer.report.python, torch=peer.report.torch))
             n = packed_size(p.to_wire())

@@ -1,5 +1,6 @@
-"""``[network] membership = "swim"``: a member's status lists every member with its GPUs, though it holds
-full reports only from the coordinator (the rest come from the coordinator's view when the status is read)."""
+"""``[network] membership = "swim"``: a member's status lists every member with its GPUs and every member's
+jobs, though it holds full reports only from the coordinator (the rest come from the coordinator's view when
+the status is read)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import aiohttp
 from frenzyd.config import config_from_dict
 from frenzyd.daemon import Daemon
 from frenzyd.net import auth
+
+from .orch_harness import job_dir, request
 
 TYPES = {"n1": "A100-80GB", "n2": "RTX-A6000", "n3": "T4"}
 
@@ -70,10 +73,16 @@ async def test_a_swim_member_shows_every_members_gpus(
             assert time.monotonic() < deadline, f"statuses never showed every GPU: {types}"
             await asyncio.sleep(0.3)
         # n2 did not hear n3's report itself: its GPUs came from the coordinator's view.
-        rec3 = d2.net.table.get(pool_creds["n3"].node_id)
-        assert rec3 is not None
         assert pool_creds["n3"].node_id in d2.net.members.pool_view
         assert d1.net.counters.received["pool.view"] >= 1
+
+        # A job submitted on n3 (5 ranks: it waits) shows on n2, which never heard n3's report.
+        d3 = daemons["n3"]
+        assert d3.orch is not None
+        rec = await d3.orch.submit(request(job_dir(tmp_path), nproc=5))
+        while rec.id not in {j["id"] for j in (await _status(d2))["jobs"]}:
+            assert time.monotonic() < deadline + 30, "n3's job never showed on n2"
+            await asyncio.sleep(0.3)
     finally:
         stop.set()
         for t in tasks:

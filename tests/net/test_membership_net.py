@@ -184,9 +184,9 @@ async def test_a_member_gets_the_other_members_gpus_from_the_coordinators_view(
 def test_pool_pages_fill_to_the_budget_and_a_peer_too_large_goes_without_gpus() -> None:
     peers = [PeerSummary.of(f"{i:064x}", f"ws-{i}", f"10.0.0.{i}:7470", True,
                             {"python": "3.11.7", "gpus": [_gpu(f"GPU-{i}-{k}") for k in range(4)],
-                             "jobs": [{}]})
+                             "leases": [{}]})
              for i in range(10)]
-    assert "jobs" not in peers[0].report.to_dict(), "only what the status shows travels"
+    assert "leases" not in peers[0].report.to_dict(), "only what the status shows travels"
     one = wire.packed_size(peers[0].to_wire())
     page = pool_page(peers, 0, budget=3 * one + 1)
     assert (page.offset, page.total, len(page.peers)) == (0, 10, 3)
