@@ -280,6 +280,12 @@ class RankHandle:
     def done(self) -> bool:
         return self.proc.returncode is not None
 
+    @property
+    def exited(self) -> bool:
+        """Whether the rank process has exited: reaped, or its pidfd said so (asyncio may not have
+        reaped it yet; a loaded loop runs the child watcher's callback late)."""
+        return self.proc.returncode is not None or (self._exited is not None and self._exited.done())
+
 
 class Launcher:
     """Starts, watches and stops this peer's rank processes and rendezvous stores."""
@@ -598,7 +604,7 @@ class Launcher:
 
     def all_exited(self, run: str) -> bool:
         """Whether every rank of the attempt started here has exited (its pipes may still be open)."""
-        return all(h.proc.returncode is not None for h in self._ranks.get(run, []))
+        return all(h.exited for h in self._ranks.get(run, []))
 
     def own_pids(self) -> set[int]:
         """Every live process Frenzy started (ranks, their children, stores): for owner protection.
