@@ -226,7 +226,8 @@ class Daemon:
 
     async def refresh_status(self) -> None:
         """Before a status is read: under swim, bring the coordinator's view of the other members'
-        GPUs up to date (at most once per ``heartbeat_s``, waiting at most ``request_timeout_s``)."""
+        GPUs and jobs up to date (at most once per max(``heartbeat_s``, 1 s), waiting at most
+        ``request_timeout_s``)."""
         if self.net is not None and self.net.members is not None:
             t = self.config.timing
             await self.net.members.refresh_pool_view(max_age_s=max(t.heartbeat_s, 1.0),
@@ -256,8 +257,7 @@ class Daemon:
             their = report.get("time")
             offset = None if not isinstance(their, int | float) or isinstance(their, bool) else \
                 float(their) - (wall - (now - rec.last_seen))
-            stale = now - rec.last_seen >= self.net.table.timeout_s
-            if (theirs := view.get(rec.node_id)) is not None and stale:
+            if (theirs := view.get(rec.node_id)) is not None and not self.net.table.heard_lately(rec, now):
                 report, offset = theirs.report.to_dict(), None
                 if alive:
                     job_peers[rec.node_id] = {**report, "name": rec.name, "address": rec.address}

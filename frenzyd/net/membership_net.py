@@ -262,7 +262,7 @@ class Members:
         peers = [PeerSummary.of(r.node_id, r.name, r.address, self.table.is_alive(r.node_id, now),
                                 r.report.to_dict())
                  for r in sorted(self.table.records(), key=lambda r: r.node_id)
-                 if now - r.last_seen < self.table.timeout_s and r.node_id != peer_id]
+                 if self.table.heard_lately(r, now) and r.node_id != peer_id]
         page = pool_page(peers, ask.offset)
         return Reply(page.KIND, page.to_body())
 
@@ -288,7 +288,7 @@ class Members:
         since, or the coordinator had not heard it yet)."""
         now = self._clock()
         return any(r.node_id not in self.pool_view and r.node_id not in (coord, self.creds.node_id)
-                   and self.table.is_alive(r.node_id, now) and now - r.last_seen >= self.table.timeout_s
+                   and self.table.is_alive(r.node_id, now) and not self.table.heard_lately(r, now)
                    for r in self.table.records())
 
     async def _fetch_pool_view(self, coord: str) -> None:

@@ -518,14 +518,12 @@ def pool_page(peers: Sequence[PeerSummary], offset: int, budget: int = POOL_PAGE
     size = 0
     for peer in peers[offset:]:
         p, n = peer, packed_size(peer.to_wire())
-        if n > budget:
-            p = PeerSummary(peer.node_id, peer.name, peer.address, peer.alive,
-                            HeartbeatReport(python=peer.report.python, torch=peer.report.torch,
-                                            gpus=peer.report.gpus))
-            n = packed_size(p.to_wire())
-        if n > budget:  # then without its GPUs too
-            p = PeerSummary(peer.node_id, peer.name, peer.address, peer.alive,
-                            HeartbeatReport(python=peer.report.python, torch=peer.report.torch))
+        for keys in (("python", "torch", "gpus"), ("python", "torch")):  # too large: without jobs, GPUs
+            if n <= budget:
+                break
+            full = peer.report.to_dict()
+            p = PeerSummary.of(peer.node_id, peer.name, peer.address, peer.alive,
+                               {k: full[k] for k in keys if k in full})
             n = packed_size(p.to_wire())
         if out and size + n > budget:
             break

@@ -90,7 +90,12 @@ class PeerTable:
 
     def is_alive(self, node_id: str, now: float) -> bool:
         rec = self._peers.get(node_id)
-        return rec is not None and (rec.member or now - rec.last_seen < self.timeout_s)
+        return rec is not None and (rec.member or self.heard_lately(rec, now))
+
+    def heard_lately(self, rec: PeerRecord, now: float) -> bool:
+        """Whether ``rec``'s report came by heartbeat within the timeout (under swim a member can be
+        alive with an old report)."""
+        return now - rec.last_seen < self.timeout_s
 
     def live(self, now: float) -> list[str]:
         """Node ids heard within the timeout."""
