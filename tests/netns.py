@@ -8,6 +8,14 @@ random tag, so parallel runs never collide.  :meth:`NetnsLab.close` (also run by
 the context manager on any failure) kills every process the lab started, by
 pid, then deletes the namespaces, which destroys their veths.
 
+The kernel's neighbour tables (ARP, NDP) are one per host, shared by every
+namespace, with one garbage-collection limit (``gc_thresh3``, 1,024 by
+default): N hosts that all talk to each other need N x (N - 1) entries, so at
+40 hosts (1,560) new entries fail with "neighbor table overflow" and
+connections to some hosts time out although every one is up.  A lab raises the
+limits to fit while it runs (a real pool's workstations each have their own
+table) and puts back what it changed.
+
 Needs root and iproute2; :func:`skip_reason` says why a test cannot run.
 """
 
@@ -41,6 +49,37 @@ def skip_reason() -> str | None:
     return None
 
 
+NEIGH_SYSCTL = Path("/proc/sys/net/{family}/neigh/default/gc_thresh{k}")
+NEIGH_SPARE = 512
+"""Entries left for everything else on the host (other labs, the host's own neighbours)."""
+
+
+def _raise_neighbour_limits(entries: int) -> dict[Path, tuple[int, int]]:
+    """Make room for ``entries`` more neighbours in the host's ARP and NDP tables (soft limit
+    ``gc_thresh2``, hard ``gc_thresh3``); return ``{path: (old, new)}`` for each value changed."""
+    changed: dict[Path, tuple[int, int]] = {}
+    for family in ("ipv4", "ipv6"):
+        soft = entries + NEIGH_SPARE
+        for k, want in ((2, soft), (3, 2 * soft)):
+            path = Path(str(NEIGH_SYSCTL).format(family=family, k=k))
+            try:
+                old = int(path.read_text())
+                if old < want:
+                    path.write_text(f"{want}\n")
+                    changed[path] = (old, want)
+            except (OSError, ValueError):
+                continue  # not this kernel's knob, or not ours to set: a small lab does not need it
+    return changed
+
+
+def _restore_neighbour_limits(changed: dict[Path, tuple[int, int]]) -> None:
+    """Put back each limit still at the value this lab set (another lab may have raised it since)."""
+    for path, (old, new) in changed.items():
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) == new:
+                path.write_text(f"{old}\n")
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     cmd = ["ip", *(["-n", ns] if ns else []), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
@@ -67,6 +106,7 @@ class NetnsLab:
     hosts: list[Host] = field(default_factory=list)
     procs: list[subprocess.Popen[Any]] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
+    _neigh_limits: dict[Path, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def bridge_ns(self) -> str:
@@ -86,6 +126,7 @@ class NetnsLab:
         self.close()
 
     def _build(self) -> None:
+        self._neigh_limits = _raise_neighbour_limits(self.n * (self.n - 1))
         br = self.bridge_ns
         _ip("netns", "add", br)
         self._namespaces.append(br)
@@ -155,6 +196,8 @@ class NetnsLab:
         for ns in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=30)
         self._namespaces.clear()
+        _restore_neighbour_limits(self._neigh_limits)
+        self._neigh_limits = {}
 
 
 def list_lab_namespaces(tag: str) -> list[str]:
