@@ -758,10 +758,11 @@ def _census(sts: Sequence[dict[str, Any] | None]) -> list[int | None]:
 
 
 def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, limit_s: float,
-                work: Path) -> list[dict[str, Any]]:
+                work: Path, settle_s: float = 0.0) -> list[dict[str, Any]]:
     """For each membership mode and pool size: ``n`` frenzyd in their own network namespaces on one
     bridge, mDNS on and no static peers, one simulated GPU each.  Measured: the time from the first
-    start until every daemon lists all ``n`` alive under one coordinator; then over ``window_s`` each
+    start until every daemon lists all ``n`` alive under one coordinator; then, ``settle_s`` later (past
+    the start's bursts and the first life of its connections), over ``window_s`` each
     daemon's CPU (/proc/PID/stat) and bytes sent (its namespace's eth0), the coordinator apart; then the
     coordinator is SIGKILLed: the time until the others agree on a new one (the dead one not alive), and
     until the new one's status shows every live member's GPUs (its view rebuilt from their reports)."""
@@ -832,6 +833,7 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                         print(f"{mode:>6}{n:>8}{'-':>8}  (no full membership within {limit_s:.0f}s)",
                               flush=True)
                         continue
+                    time.sleep(settle_s)
                     sts = asyncio.run(_statuses(socks))
                     ids = [s["node"]["id"] if s else None for s in sts]
                     pids = [d.proc.pid for d in daemons if d.proc is not None]
@@ -871,7 +873,7 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                                 break
                             time.sleep(0.5)
                     row.update({
-                        "window_s": round(wall, 1),
+                        "settle_s": settle_s, "window_s": round(wall, 1),
                         "member_cpu_share_median": statistics.median(members_cpu) if members_cpu else None,
                         "member_cpu_share_max": max(members_cpu) if members_cpu else None,
                         "member_tx_bytes_s_median": statistics.median(members_tx) if members_tx else None,
@@ -900,6 +902,28 @@ def run_daemons(sizes: Sequence[int], modes: Sequence[str], *, window_s: float, 
                             with contextlib.suppress(subprocess.TimeoutExpired):
                                 d.proc.wait(10)
     return rows
+
+
+def flatness(rows: Sequence[dict[str, Any]], within: float = 2.0) -> dict[str, Any]:
+    """Per membership mode: a member's CPU and bytes sent per second at the largest pool over the
+    smallest (issue 18's target: within 2x from 5 to 40 members).  Only rows with full membership and
+    an uncontended machine count; ``met`` is None when fewer than two sizes do."""
+    out: dict[str, Any] = {}
+    for mode in sorted({r["mode"] for r in rows}):
+        ok = sorted((r for r in rows if r["mode"] == mode and r.get("member_cpu_share_median") is not None
+                     and r.get("member_tx_bytes_s_median") and not r.get("contended")),
+                    key=lambda r: r["members"])
+        if len(ok) < 2:
+            out[mode] = {"within": within, "met": None,
+                         "why": "fewer than two pool sizes reached full membership uncontended"}
+            continue
+        lo, hi = ok[0], ok[-1]
+        cpu = hi["member_cpu_share_median"] / max(lo["member_cpu_share_median"], 1e-9)
+        tx = hi["member_tx_bytes_s_median"] / lo["member_tx_bytes_s_median"]
+        out[mode] = {"from": lo["members"], "to": hi["members"], "member_cpu_ratio": round(cpu, 2),
+                     "member_bytes_ratio": round(tx, 2), "within": within,
+                     "met": cpu <= within and tx <= within}
+    return out
 
 
 def _p95(xs: list[float]) -> float:
@@ -940,6 +964,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--modes", type=lambda t: tuple(t.split(",")), default=("mesh", "swim"),
                     help="--part daemons: [network] membership modes (default mesh,swim)")
     ap.add_argument("--window-s", type=float, default=30.0, help="--part daemons: CPU and bytes window")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="--part daemons: wait this long after full membership before the window (steady "
+                         "state: kept-alive connections live 90 s)")
     ap.add_argument("--limit-s", type=float, default=300.0,
                     help="--part daemons: give up on full membership or a failover after this")
     ap.add_argument("--keep", type=Path, default=None,
@@ -1010,11 +1037,18 @@ def main(argv: list[str]) -> int:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
-                                  work=args.keep)
+                                  work=args.keep, settle_s=args.settle_s)
         else:
             with tempfile.TemporaryDirectory(prefix="frenzy-scale-") as tmp:
                 daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
-                                      work=Path(tmp))
+                                      work=Path(tmp), settle_s=args.settle_s)
+        for mode, t in flatness(daemons).items():
+            if t["met"] is None:
+                print(f"{mode}: flatness not measured ({t['why']})")
+            else:
+                print(f"{mode}: a member's CPU x{t['member_cpu_ratio']}, bytes x{t['member_bytes_ratio']} "
+                      f"from {t['from']} to {t['to']} members (target within {t['within']}x: "
+                      f"{'met' if t['met'] else 'missed'})")
     big = next((r for r in swim if r["members"] == 1000), None)
     target = next((c for c in cells if (c["members"], c["gpus"], c["queued"]) == (1000, 4000, 500)), None)
     doc = {
@@ -1031,6 +1065,7 @@ def main(argv: list[str]) -> int:
         "not_measured": None if daemons else "real daemons in network namespaces (issue 18 (a)): "
                                              "--part daemons",
         "daemons": daemons,
+        "daemons_target": flatness(daemons),
         "membership": {"settings": {"delay_ms": args.delay_ms, "loss": args.loss, "steady_s": swim_steady,
                                     "start": "formed (every entry merged into every core, not measured)"},
                        "target": {"dead_known_by_all_s_below": 15.0, "false_suspicions": 0, "at": 1000,

@@ -37,6 +37,15 @@ MSG_PATH = "/v1/msg"
 CONTENT_TYPE = "application/x-frenzy-frame"
 CONNECTIONS_PER_PEER = 8
 """Kept-alive TLS connections per peer (requests beyond this wait for a free one)."""
+KEEPALIVE_S = 90.0
+"""An idle kept-alive connection to a peer is closed after this long.  SWIM probes members in a
+shuffled round robin, each once per ``n`` periods: a connection kept this long is reused by the next
+probe in pools up to ~90 members at a 1 s period, so a probe there costs one request, not a mutual-TLS
+handshake (two certificates, ~3 KB and two signatures).  Past that each probe pays one handshake,
+the same for any pool size; a member holds at most ~this many idle connections each way."""
+SERVER_KEEPALIVE_S = KEEPALIVE_S + 30.0
+"""The server keeps an idle connection longer than a client would, so a client never reuses one
+the server has just closed (a POST is not retried)."""
 FRAME_OVERHEAD = 64 * 1024
 """Room for an envelope's certificate, signature and keys around a payload-sized body."""
 
@@ -109,6 +118,7 @@ class Transport:
             app,
             access_log=None,
             handle_signals=False,
+            keepalive_timeout=SERVER_KEEPALIVE_S,
             shutdown_timeout=max(0.5, self.config.timing.shutdown_deadline_s / 2),
         )
         await self._runner.setup()
@@ -141,7 +151,8 @@ class Transport:
         adv = self.config.network.advertise or listen.host
         self.address = f"[{adv}]:{self.port}" if ":" in adv else f"{adv}:{self.port}"
         connector = aiohttp.TCPConnector(
-            ssl=tls.client_context(self.creds), limit=256, limit_per_host=CONNECTIONS_PER_PEER
+            ssl=tls.client_context(self.creds), limit=256, limit_per_host=CONNECTIONS_PER_PEER,
+            keepalive_timeout=KEEPALIVE_S,
         )
         self.session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
         log.info("peer API on %s (advertised as %s), node %s", listen, self.address, self.creds.node_id)
