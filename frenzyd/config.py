@@ -477,8 +477,9 @@ class NetworkSection:
     """Per-kind frame cap overrides ``(kind, bytes)``."""
     mdns_max_entries: int = 256
     mdns_entry_ttl_s: float = 900.0
-    membership: str = "mesh"
-    """``mesh`` (heartbeats to every member) or ``swim`` (frenzyd.net.membership)."""
+    membership: str = "swim"
+    """``swim`` (frenzyd.net.membership: a member's work flat in pool size) or ``mesh`` (heartbeats to
+    every member)."""
 
     @property
     def advertise_address(self) -> str:
@@ -837,7 +838,7 @@ def config_from_dict(
         frame_caps=_frame_caps(w),
         mdns_max_entries=w.int_("mdns_max_entries", 256, 1, 1 << 20),
         mdns_entry_ttl_s=w.float_("mdns_entry_ttl_s", 900.0),
-        membership=_choice(w, "membership", ("mesh", "swim"), "mesh"),
+        membership=_choice(w, "membership", ("mesh", "swim"), "swim"),
     )
 
     creds = tables["pool"].str_("credentials", required=True)

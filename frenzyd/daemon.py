@@ -261,6 +261,9 @@ class Daemon:
                 report, offset = theirs.report.to_dict(), None
                 if alive:
                     job_peers[rec.node_id] = {**report, "name": rec.name, "address": rec.address}
+            # A member the protocol holds live whose report has reached neither this node nor the
+            # coordinator's view is still joining: listed, not alive, until its GPUs are known.
+            alive = alive and bool(report)
             peers.append(PeerState(rec.node_id, rec.name, rec.address, alive, report,
                                    seen_by=self.net.book.sources(rec.node_id), clock_offset_s=offset))
         coord = election.coordinator

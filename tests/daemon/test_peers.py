@@ -69,9 +69,10 @@ def _agree(nets: list[PeerNetwork]) -> Callable[[], bool]:
 
 
 async def test_three_nodes_mesh_elect_one_coordinator_and_fail_over(make_net: Any) -> None:
-    n1 = await make_net("n1", priority=0)
-    n2 = await make_net("n2", priority=5)
-    n3 = await make_net("n3", priority=1)
+    mesh = {"membership": "mesh"}  # swim's counterpart: test_swim_members_join_by_gossip_...
+    n1 = await make_net("n1", priority=0, network=mesh)
+    n2 = await make_net("n2", priority=5, network=mesh)
+    n3 = await make_net("n3", priority=1, network=mesh)
     _mesh(n1, n2, n3)
     nets = [n1, n2, n3]
     assert await n1.wait_until(_agree(nets), 10.0)

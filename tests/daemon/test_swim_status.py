@@ -20,11 +20,11 @@ from .orch_harness import job_dir, request
 TYPES = {"n1": "A100-80GB", "n2": "RTX-A6000", "n3": "T4"}
 
 
-def _config(tmp_path: Path, c: auth.Credentials, priority: int, seeds: list[str]) -> Any:
+def _config(tmp_path: Path, c: auth.Credentials, priority: int, seeds: list[str], mode: str = "swim") -> Any:
     name = c.node_name
     return config_from_dict({
         "node": {"name": name, "data_dir": str(tmp_path / name), "priority": priority},
-        "network": {"listen": "127.0.0.1:0", "mdns": False, "membership": "swim", "peers": seeds},
+        "network": {"listen": "127.0.0.1:0", "mdns": False, "membership": mode, "peers": seeds},
         "pool": {"credentials": str(c.node_cert.parent)},
         "web": {"listen": "127.0.0.1:0"},
         "client": {"listen": f"unix:{tmp_path / name / 'client.sock'}"},
@@ -82,6 +82,63 @@ async def test_a_swim_member_shows_every_members_gpus(
         rec = await d3.orch.submit(request(job_dir(tmp_path), nproc=5))
         while rec.id not in {j["id"] for j in (await _status(d2))["jobs"]}:
             assert time.monotonic() < deadline + 30, "n3's job never showed on n2"
+            await asyncio.sleep(0.3)
+
+        # A member the protocol holds live but whose report reached neither n2 nor the coordinator is
+        # listed as not alive yet (joining): "alive" in a status means its GPUs are known.
+        d2.net.table.member("f" * 32, name="joining", address="127.0.0.1:9", priority=0, term=0,
+                            coordinator=None, live=True, now=time.monotonic())
+        assert d2.net.table.is_alive("f" * 32, time.monotonic())
+        joining = next(p for p in (await _status(d2))["peers"] if p["name"] == "joining")
+        assert joining["alive"] is False
+    finally:
+        stop.set()
+        for t in tasks:
+            await asyncio.wait_for(t, 30)
+
+
+async def test_a_mesh_node_among_swim_members_stays_whole(
+    tmp_path: Path, pool_creds: dict[str, auth.Credentials],
+) -> None:
+    """A pool mid-way through switching modes (or a rolling upgrade from a release before swim, whose
+    default was the mesh): a ``mesh`` node heartbeats every peer and hears a swim member in the reply
+    (a heartbeat answers with one), and the swim members hear it by its heartbeats.  Every node lists
+    all three alive, steadily, under one coordinator."""
+    stop = asyncio.Event()
+    daemons: dict[str, Daemon] = {}
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        d1 = daemons["n1"] = Daemon(_config(tmp_path, pool_creds["n1"], 5, []))
+        tasks.append(asyncio.create_task(d1.run(stop)))
+        await asyncio.wait_for(d1.ready.wait(), 30)
+        assert d1.net is not None
+        d2 = daemons["n2"] = Daemon(_config(tmp_path, pool_creds["n2"], 0, [d1.net.address]))
+        tasks.append(asyncio.create_task(d2.run(stop)))
+        await asyncio.wait_for(d2.ready.wait(), 30)
+        assert d2.net is not None
+        d3 = daemons["n3"] = Daemon(_config(tmp_path, pool_creds["n3"], 0, [d1.net.address, d2.net.address],
+                                            mode="mesh"))
+        tasks.append(asyncio.create_task(d3.run(stop)))
+        await asyncio.wait_for(d3.ready.wait(), 30)
+        assert d3.net is not None
+        assert d3.net.members is None  # n3 runs the mesh
+        ids = {pool_creds[n].node_id for n in daemons}
+        id1 = pool_creds["n1"].node_id
+
+        def whole(sts: dict[str, dict[str, Any]]) -> bool:
+            return all({p["id"] for p in s["peers"] if p["alive"]} == ids
+                       and (s["coordinator"] or {}).get("id") == id1 for s in sts.values())
+
+        deadline = time.monotonic() + 30
+        while not whole({n: await _status(d) for n, d in daemons.items()}):
+            assert time.monotonic() < deadline, "the mixed pool never formed"
+            await asyncio.sleep(0.3)
+        # Steady for three peer timeouts: n3 would drop n2 after one without n2's heartbeats.
+        until = time.monotonic() + 3 * 1.2
+        while time.monotonic() < until:
+            sts = {n: await _status(d) for n, d in daemons.items()}
+            alive = {n: sorted(p["name"] for p in s["peers"] if p["alive"]) for n, s in sts.items()}
+            assert whole(sts), alive
             await asyncio.sleep(0.3)
     finally:
         stop.set()
