@@ -202,14 +202,14 @@ def _run_real(
         deadline = time.monotonic() + RANK_TIMEOUT_S
         failed: list[str] = []
         try:
-            for p, _out, _log in procs:
+            for p, result, _log in procs:
                 left = max(1.0, deadline - time.monotonic())
                 try:
                     rc = p.wait(timeout=left)
                 except subprocess.TimeoutExpired:
                     failed.append(f"rank pid {p.pid} timed out after {RANK_TIMEOUT_S:.0f}s")
                     break
-                if rc != 0:
+                if rc != 0 and not result.exists():  # a result written means the step and barrier passed
                     failed.append(f"rank exited with {rc}")
         finally:
             for p, _out, log in procs:
@@ -258,9 +258,13 @@ def _worker(job_path: str, out_path: str) -> int:
         wrap = make_wrap(setup, ddp=bool(job.get("ddp", True)))
         res = run_reference_step(cfg, setup, mode="real", wrap=wrap, seed=int(job["seed"]) + rank)
         dist.barrier()
+        # Written whole before the group's teardown: gloo now and then aborts the process there
+        # ("terminate called without an active exception"), after the measurement is complete.
+        tmp = Path(out_path).with_suffix(".part")
+        tmp.write_text(json.dumps(_result_to_json(res)))
+        tmp.replace(out_path)
     finally:
         dist.destroy_process_group()
-    Path(out_path).write_text(json.dumps(_result_to_json(res)))
     return 0
 
 
