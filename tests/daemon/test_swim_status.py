@@ -34,6 +34,27 @@ def _config(tmp_path: Path, c: auth.Credentials, priority: int, seeds: list[str]
     }, {}, base=tmp_path)
 
 
+class _Pool:
+    """In-process daemons started one after another (each ready before the next); ``close`` stops all."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.daemons: dict[str, Daemon] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, name: str, config: Any) -> Daemon:
+        d = self.daemons[name] = Daemon(config)
+        self._tasks.append(asyncio.create_task(d.run(self.stop)))
+        await asyncio.wait_for(d.ready.wait(), 30)
+        assert d.net is not None
+        return d
+
+    async def close(self) -> None:
+        self.stop.set()
+        for t in self._tasks:
+            await asyncio.wait_for(t, 30)
+
+
 async def _status(d: Daemon) -> dict[str, Any]:
     assert d.web is not None
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{d.web.port}/api/v1/status") as r:
@@ -45,18 +66,13 @@ async def _status(d: Daemon) -> dict[str, Any]:
 async def test_a_swim_member_shows_every_members_gpus(
     tmp_path: Path, pool_creds: dict[str, auth.Credentials],
 ) -> None:
-    stop = asyncio.Event()
-    daemons: dict[str, Daemon] = {}
-    tasks: list[asyncio.Task[None]] = []
+    pool = _Pool()
+    daemons = pool.daemons
     try:
-        d1 = daemons["n1"] = Daemon(_config(tmp_path, pool_creds["n1"], 5, []))
-        tasks.append(asyncio.create_task(d1.run(stop)))
-        await asyncio.wait_for(d1.ready.wait(), 30)
+        d1 = await pool.start("n1", _config(tmp_path, pool_creds["n1"], 5, []))
         assert d1.net is not None
         for name in ("n2", "n3"):
-            d = daemons[name] = Daemon(_config(tmp_path, pool_creds[name], 0, [d1.net.address]))
-            tasks.append(asyncio.create_task(d.run(stop)))
-            await asyncio.wait_for(d.ready.wait(), 30)
+            await pool.start(name, _config(tmp_path, pool_creds[name], 0, [d1.net.address]))
         id1 = pool_creds["n1"].node_id
         d2 = daemons["n2"]
         assert d2.net is not None
@@ -92,9 +108,7 @@ async def test_a_swim_member_shows_every_members_gpus(
         joining = next(p for p in (await _status(d2))["peers"] if p["name"] == "joining")
         assert joining["alive"] is False
     finally:
-        stop.set()
-        for t in tasks:
-            await asyncio.wait_for(t, 30)
+        await pool.close()
 
 
 async def test_a_mesh_node_among_swim_members_stays_whole(
@@ -104,22 +118,15 @@ async def test_a_mesh_node_among_swim_members_stays_whole(
     default was the mesh): a ``mesh`` node heartbeats every peer and hears a swim member in the reply
     (a heartbeat answers with one), and the swim members hear it by its heartbeats.  Every node lists
     all three alive, steadily, under one coordinator."""
-    stop = asyncio.Event()
-    daemons: dict[str, Daemon] = {}
-    tasks: list[asyncio.Task[None]] = []
+    pool = _Pool()
+    daemons = pool.daemons
     try:
-        d1 = daemons["n1"] = Daemon(_config(tmp_path, pool_creds["n1"], 5, []))
-        tasks.append(asyncio.create_task(d1.run(stop)))
-        await asyncio.wait_for(d1.ready.wait(), 30)
+        d1 = await pool.start("n1", _config(tmp_path, pool_creds["n1"], 5, []))
         assert d1.net is not None
-        d2 = daemons["n2"] = Daemon(_config(tmp_path, pool_creds["n2"], 0, [d1.net.address]))
-        tasks.append(asyncio.create_task(d2.run(stop)))
-        await asyncio.wait_for(d2.ready.wait(), 30)
+        d2 = await pool.start("n2", _config(tmp_path, pool_creds["n2"], 0, [d1.net.address]))
         assert d2.net is not None
-        d3 = daemons["n3"] = Daemon(_config(tmp_path, pool_creds["n3"], 0, [d1.net.address, d2.net.address],
+        d3 = await pool.start("n3", _config(tmp_path, pool_creds["n3"], 0, [d1.net.address, d2.net.address],
                                             mode="mesh"))
-        tasks.append(asyncio.create_task(d3.run(stop)))
-        await asyncio.wait_for(d3.ready.wait(), 30)
         assert d3.net is not None
         assert d3.net.members is None  # n3 runs the mesh
         ids = {pool_creds[n].node_id for n in daemons}
@@ -141,6 +148,4 @@ async def test_a_mesh_node_among_swim_members_stays_whole(
             assert whole(sts), alive
             await asyncio.sleep(0.3)
     finally:
-        stop.set()
-        for t in tasks:
-            await asyncio.wait_for(t, 30)
+        await pool.close()
