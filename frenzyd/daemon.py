@@ -355,6 +355,9 @@ class Daemon:
         self.metrics.add_count_source(AUTH_REFUSALS, "Peers, connections and orders refused by "
                                       "authentication, by reason", "reason", lambda: net.auth_refusals)
         self.metrics.add_count_source(
+            "frenzy_peer_send_failures", "Frames this node could not deliver to a peer (heartbeats, "
+            "membership probes, orders), by reason", "reason", lambda: net.send_failures)
+        self.metrics.add_count_source(
             "frenzy_stale_attempts_refused", "Messages refused because they were about an attempt of a job "
             "that is not its current one, by message kind", "kind", lambda: orch.ctx.fenced)
         self.metrics.add_count_source(

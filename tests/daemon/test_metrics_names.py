@@ -72,6 +72,7 @@ async def test_daemon_metrics_carry_the_readme_names(
         assert d.net is not None
         assert d.web is not None
         d.net.auth_refusals["unknown_ca"] += 1
+        d.net.send_failures["timeout"] += 2
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{d.web.port}/metrics") as r:
             assert r.status == 200
             text = await r.text()
@@ -82,6 +83,7 @@ async def test_daemon_metrics_carry_the_readme_names(
     values = {(s.name, tuple(s.labels.items())): s.value
               for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert values[("frenzy_auth_refusals_total", (("reason", "unknown_ca"),))] == 1
+    assert values[("frenzy_peer_send_failures_total", (("reason", "timeout"),))] == 2
     readme = (ROOT / "README.md").read_text()
     named = set(re.findall(r"\b(frenzy_[a-z0-9_]+)_total\b", readme))
     assert "frenzy_auth_refusals" in named
