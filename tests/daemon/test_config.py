@@ -177,3 +177,37 @@ def test_the_restart_costs_a_coordinator_starts_from_are_configurable(tmp_path: 
     assert (cfg.jobs.restart_start_s, cfg.jobs.restart_stop_s) == (9.5, 0.0)
     with pytest.raises(ConfigError, match="restart_start_s"):
         load_config(_write(tmp_path, MIN + "[jobs]\nrestart_start_s = -1\n"), {}, ifaddr=_no_if)
+
+
+def test_the_readme_configuration_reference_states_the_loaders_defaults(tmp_path: Path) -> None:
+    """Every row of the README's configuration reference whose default is a literal (`4.0`, `"swim"`,
+    `[]`) names the value a minimal config loads to (placeholders such as DATA_DIR filled in)."""
+    import json
+    import re
+
+    from frenzyd.config import config_from_dict
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("### Configuration reference"):readme.index("## Architecture")]
+    rows = re.findall(r"^\| `([a-z_]+)\.([a-z_0-9]+)` \| `([^`]*)` \|", table, re.M)
+    (tmp_path / "creds").mkdir()
+    data = tmp_path / "data"
+    cfg = config_from_dict({"node": {"name": "x", "data_dir": str(data)},
+                            "pool": {"credentials": str(tmp_path / "creds")}}, {}, base=tmp_path)
+    checked = 0
+    for section, key, text in rows:
+        try:
+            want = json.loads(text.replace("DATA_DIR", str(data)))
+        except json.JSONDecodeError:
+            continue  # a word ("required", "auto"): described, not a value
+        if section == "devices":  # a list of tables: each entry's own defaults, not the config's
+            continue
+        attr = {("launcher", "stop_grace_s"): "term_grace_s"}.get((section, key), key)  # renamed key
+        got = getattr(getattr(cfg, section), attr)
+        got = list(got) if isinstance(got, tuple) else got
+        got = str(got) if isinstance(got, HostPort) or hasattr(got, "scheme") else got
+        if want == {} and got == []:  # an empty table of overrides, loaded as an empty tuple of pairs
+            continue
+        assert want == got, f"README says {section}.{key} = {text}, the loader gives {got!r}"
+        checked += 1
+    assert checked >= 40
