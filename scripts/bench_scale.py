@@ -1029,6 +1029,7 @@ def main(argv: list[str]) -> int:
         swim = run_swim(swim_sizes, delay_s=args.delay_ms / 1e3, loss=args.loss, steady_s=swim_steady,
                         detect_limit_s=args.swim_detect_limit_s, seed=args.seed)
     daemons: list[dict[str, Any]] = []
+    flat: dict[str, Any] = {}
     if args.part == "daemons":
         import tempfile
 
@@ -1042,7 +1043,8 @@ def main(argv: list[str]) -> int:
             with tempfile.TemporaryDirectory(prefix="frenzy-scale-") as tmp:
                 daemons = run_daemons(args.daemons, args.modes, window_s=args.window_s, limit_s=args.limit_s,
                                       work=Path(tmp), settle_s=args.settle_s)
-        for mode, t in flatness(daemons).items():
+        flat = flatness(daemons)
+        for mode, t in flat.items():
             if t["met"] is None:
                 print(f"{mode}: flatness not measured ({t['why']})")
             else:
@@ -1065,7 +1067,7 @@ def main(argv: list[str]) -> int:
         "not_measured": None if daemons else "real daemons in network namespaces (issue 18 (a)): "
                                              "--part daemons",
         "daemons": daemons,
-        "daemons_target": flatness(daemons),
+        "daemons_target": flat,
         "membership": {"settings": {"delay_ms": args.delay_ms, "loss": args.loss, "steady_s": swim_steady,
                                     "start": "formed (every entry merged into every core, not measured)"},
                        "target": {"dead_known_by_all_s_below": 15.0, "false_suspicions": 0, "at": 1000,

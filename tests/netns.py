@@ -49,7 +49,7 @@ def skip_reason() -> str | None:
     return None
 
 
-NEIGH_SYSCTL = Path("/proc/sys/net/{family}/neigh/default/gc_thresh{k}")
+NEIGH_SYSCTL = "/proc/sys/net/{family}/neigh/default/gc_thresh{k}"
 NEIGH_SPARE = 512
 """Entries left for everything else on the host (other labs, the host's own neighbours)."""
 
@@ -61,7 +61,7 @@ def _raise_neighbour_limits(entries: int) -> dict[Path, tuple[int, int]]:
     for family in ("ipv4", "ipv6"):
         soft = entries + NEIGH_SPARE
         for k, want in ((2, soft), (3, 2 * soft)):
-            path = Path(str(NEIGH_SYSCTL).format(family=family, k=k))
+            path = Path(NEIGH_SYSCTL.format(family=family, k=k))
             try:
                 old = int(path.read_text())
                 if old < want:

@@ -17,7 +17,7 @@ def sysctls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         d.mkdir(parents=True)
         (d / "gc_thresh2").write_text("512\n")
         (d / "gc_thresh3").write_text("1024\n")
-    monkeypatch.setattr(netns, "NEIGH_SYSCTL", root / "{family}" / "neigh" / "default" / "gc_thresh{k}")
+    monkeypatch.setattr(netns, "NEIGH_SYSCTL", str(root / "{family}" / "neigh" / "default" / "gc_thresh{k}"))
     return root
 
 
@@ -53,5 +53,5 @@ def test_a_limit_another_lab_raised_since_is_not_lowered(sysctls: Path) -> None:
 
 
 def test_a_kernel_without_the_knob_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(netns, "NEIGH_SYSCTL", tmp_path / "none" / "{family}" / "gc_thresh{k}")
+    monkeypatch.setattr(netns, "NEIGH_SYSCTL", str(tmp_path / "none" / "{family}" / "gc_thresh{k}"))
     assert netns._raise_neighbour_limits(10_000) == {}

@@ -518,10 +518,10 @@ def pool_page(peers: Sequence[PeerSummary], offset: int, budget: int = POOL_PAGE
     size = 0
     for peer in peers[offset:]:
         p, n = peer, packed_size(peer.to_wire())
+        full = peer.report.to_dict() if n > budget else {}
         for keys in (("python", "torch", "gpus"), ("python", "torch")):  # too large: without jobs, GPUs
             if n <= budget:
                 break
-            full = peer.report.to_dict()
             p = PeerSummary.of(peer.node_id, peer.name, peer.address, peer.alive,
                                {k: full[k] for k in keys if k in full})
             n = packed_size(p.to_wire())

@@ -205,7 +205,7 @@ def test_the_readme_configuration_reference_states_the_loaders_defaults(tmp_path
         attr = {("launcher", "stop_grace_s"): "term_grace_s"}.get((section, key), key)  # renamed key
         got = getattr(getattr(cfg, section), attr)
         got = list(got) if isinstance(got, tuple) else got
-        got = str(got) if isinstance(got, HostPort) or hasattr(got, "scheme") else got
+        got = str(got) if isinstance(got, HostPort) else got
         if want == {} and got == []:  # an empty table of overrides, loaded as an empty tuple of pairs
             continue
         assert want == got, f"README says {section}.{key} = {text}, the loader gives {got!r}"
