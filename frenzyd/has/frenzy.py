@@ -4,7 +4,7 @@ Per scheduling round, an ordered chain of small rules (``frenzy_rules.py``)
 over MARP's feasible plans and one free-GPU index (``free_gpus.py``): order
 the queue (aged shortest remaining time) → upgrade running jobs onto freed
 faster GPUs → place each job (cheapest plan, smallest-memory type within
-slack, best-fit packing), or let it yield / shrink a much longer donor →
+slack, best-fit packing), or let it yield / shrink a longer donor →
 against starvation, move a holder or reserve the head job's type → grow
 running jobs onto GPUs no waiting job can use.  The rules, the exchange
 arguments behind their thresholds, what each was tuned on, the invariants

@@ -33,8 +33,9 @@ GROW_TRIES = 8
 """Running jobs (most work left first) considered for growing per round."""
 SHRINK_TRIES = 4
 """Blocked queued jobs per round for which a running job may be shrunk."""
-SHRINK_RATIO = 4.0
-"""A donor must have at least this many times the blocked job's remaining time left."""
+SHRINK_RATIO = 1.0
+"""A donor is stopped or shrunk at will only with more than this many times the blocked job's time
+left, plus its own restart: 1 is the exchange argument exactly (4.0 before 2026-12-03)."""
 SHRINK_MIN_RUN_S = 120.0
 """A donor must have made progress this long since its last (re)start's first step: no thrashing
 (``RunningJob.ran_s``: a start that takes longer than this does not count as running)."""
@@ -395,7 +396,7 @@ def place(rnd: Round, job: JobView, plan: Plan) -> None:
 def yield_gpus(
     rnd: Round, job: JobView, shape: PlanShape, gamma: float, choice: tuple[float, int, Plan]
 ) -> bool:
-    """A job that could start on free GPUs asks a much longer running job on another type to give way.
+    """A job that could start on free GPUs asks a longer running job on another type to give way.
 
     The job's time on the free GPUs (``t_free``, from its chosen plan's cost)
     against its time on GPUs a donor holds: stopping the donor delays it by
@@ -419,7 +420,7 @@ def yield_gpus(
 
 
 def shrink_blocked(rnd: Round, job: JobView, shape: PlanShape, gamma: float) -> bool:
-    """A job that found no free GPUs takes a much longer running job's (its cheapest plan per type).
+    """A job that found no free GPUs takes a longer running job's (its cheapest plan per type).
 
     Uses one of the round's :data:`SHRINK_TRIES`.  True when a donor gave way.
     """
@@ -448,7 +449,9 @@ def _donor_option(
     """What donor ``r`` (``left`` to run) can give a job with ``mine`` left on type ``t`` lacking ``need``
     GPUs: (left, r, its smaller plan or None to stop it, the GPUs it keeps); None: nothing."""
     have = len(r.gpus)
-    rich = left >= SHRINK_RATIO * mine
+    # Newcomer first, donor after: the sum of the two completion times drops when the donor's time left
+    # exceeds the newcomer's time there plus the donor's restart (SRPT's exchange with a switch cost).
+    rich = left > SHRINK_RATIO * mine + r.job.restart_cost_s
     shape = rnd.shapes_of.of(r.job)
     # A job grown past its own preferred size gives the extra GPUs back to anyone.
     floor = 0 if rich else shape.preferred(GAMMA).get(t, 1)
@@ -478,16 +481,17 @@ def shrink_for(
     *,
     beat_s: float | None = None,
 ) -> Outcome | None:
-    """Make room for ``job`` by shrinking (or stopping) one much longer running job.
+    """Make room for ``job`` by shrinking (or stopping) one longer running job.
 
     The donor, of the same GPU type, keeps a subset of its own GPUs (a
     smaller MARP plan of its type) or, when no smaller plan frees enough,
     is stopped and requeued with its progress (returned as the first
     element); the GPUs it gives up, with the free ones, must hold
     ``job``'s plan.  Donors: ``min_run_s`` of progress since their last
-    start's first step, not changed this round, and either with at least
-    :data:`SHRINK_RATIO` times ``job``'s remaining time left, or grown past
-    their preferred size (they then shrink, at most back to that size).
+    start's first step, not changed this round, and either with more time
+    left than ``job`` needs there plus their own restart (:data:`SHRINK_RATIO`
+    times ``job``'s time, plus the restart: the exchange argument), or grown
+    past their preferred size (they then shrink, at most back to that size).
     With ``beat_s`` (a yield: ``job`` could start on free GPUs and would take
     ``beat_s`` there) a donor also needs ``2·mine + its restart < beat_s``.
     Over ``ranked`` (plans, cheapest first), donors most time left first; the

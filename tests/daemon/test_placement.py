@@ -252,9 +252,11 @@ def trainer_spec(steps: int) -> JobSpec:
 def test_schedule_preempts_a_long_running_job_for_a_short_one_and_keeps_its_gpus_for_it() -> None:
     """HAS gets the running checkpointable jobs: on a full pool a short job makes a much longer one
     stop; its placement waits (``pending``) for the GPU the stop frees.  A job that has run less than
-    the policy's ``min_run_s`` is left alone, and so is one whose GPU its peer does not show busy."""
+    the policy's ``min_run_s`` is left alone, and so is one whose GPU its peer does not show busy, and
+    one with less time left than its own restart would cost."""
     busy = [peer("b", [("T4", 16, False)])]
-    long = trainer_spec(100_000)
+    # The tiny model's modelled step is ~1 us: 10^9 steps are ~1,000 s, more than a restart (~96 s).
+    long = trainer_spec(1_000_000_000)
     plan = marp_plans(long, [peer("b", [("T4", 16, True)])], headroom=0.1, only_available=False)[0]
     running = [RunningInfo("long", long, plan, (("b", 0),), started_s=0.0, done_steps=10)]
     queue = [QueuedJob("short", trainer_spec(6), 50.0)]
@@ -269,6 +271,10 @@ def test_schedule_preempts_a_long_running_job_for_a_short_one_and_keeps_its_gpus
     shown_free = schedule([], [peer("b", [("T4", 16, True)])], now_s=100.0, running=running,
                           policy=FrenzyPolicy(min_run_s=2.0))
     assert shown_free.preempt == ()
+    # 100,000 steps (~0.1 s) left: stopping it would cost more than the short job gains.
+    nearly_done = [replace(running[0], spec=trainer_spec(100_000))]
+    nearly = schedule(queue, busy, now_s=100.0, running=nearly_done, policy=FrenzyPolicy(min_run_s=2.0))
+    assert (nearly.preempt, nearly.pending) == ((), ())
 
 
 @pytest.mark.parametrize("policy", ["fifo", "srtf", "tiresias"])

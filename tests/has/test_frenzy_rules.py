@@ -45,7 +45,7 @@ def snapshot(head_waited_s: float) -> Snapshot:
     now = 10 * 3600.0
     head = job("head", now - head_waited_s, (plan(4, 1.0),), remaining=500.0)  # only 4 GPUs hold it
     small = job("small", now - 60.0, (plan(1, 4.0), plan(2, 2.0)), remaining=1000.0)
-    busy = job("busy", 0.0, (plan(2, 1.0),), remaining=1500.0)  # < 4x head's time left: no donor
+    busy = job("busy", 0.0, (plan(2, 1.0),), remaining=400.0)  # less time left than head: no donor
     running = (RunningJob(busy, busy.plans[0], gpus[:2], now - 600.0, step_time_s=1.0),)
     return Snapshot(now, "arrival", cluster, gpus[2:], (small, head), running)
 
@@ -83,7 +83,7 @@ def shrink_case(long_left_steps: float) -> Snapshot:
 
 
 def test_a_much_longer_job_shrinks_for_a_short_one() -> None:
-    # 100,000 s left against the short job's 2,000 s on its 2-GPU plan (>= SHRINK_RATIO x): the long
+    # 100,000 s left against the short job's 2,000 s on its 2-GPU plan (> that + its restart): the long
     # job keeps 2 of its GPUs under its 2-GPU plan and the short job takes the other two.
     d = FrenzyPolicy().decide(shrink_case(100_000.0), random.Random(0))
     assert d.preemptions == ()
@@ -92,8 +92,10 @@ def test_a_much_longer_job_shrinks_for_a_short_one() -> None:
     assert moves["long"].plan.gpus == 2
     assert moves["short"].plan.gpus == 2
     assert not set(moves["long"].gpus) & set(moves["short"].gpus)
-    # Only 1.5x the short job's time left: nobody is disturbed, the short job waits.
-    assert FrenzyPolicy().decide(shrink_case(3_000.0), random.Random(0)).placements == ()
+    # Less time left than the short job's 2,000 s: nobody is disturbed, the short job waits.
+    assert FrenzyPolicy().decide(shrink_case(1_900.0), random.Random(0)).placements == ()
+    # Just more than 2,000 s, but not more than 2,000 s plus its own restart (31.5 s): still nobody.
+    assert FrenzyPolicy().decide(shrink_case(2_020.0), random.Random(0)).placements == ()
 
 
 def grow_case(remaining_steps: float) -> Snapshot:
@@ -137,7 +139,7 @@ def two_types_case(long_left_steps: float) -> Snapshot:
 
     fast_plans = (plan(1, 2.0), plan(2, 1.0), plan(3, 0.7), plan(4, 0.55))
     short = job("short", now - 5.0, (*fast_plans, on_slow(2, 3.0)), remaining=1000.0)
-    peer = job("peer", 0.0, (plan(4, 1.0),), remaining=2000.0)  # < SHRINK_RATIO x: no donor
+    peer = job("peer", 0.0, (plan(4, 1.0),), remaining=500.0)  # less left than short (550 s): no donor
     long = job("long", 0.0, (on_slow(4, 1.0), on_slow(2, 1.8)), remaining=long_left_steps)
     running = (
         RunningJob(peer, peer.plans[0], fast, now - 600.0, step_time_s=1.0),
@@ -154,8 +156,9 @@ def test_a_much_longer_job_on_another_type_shrinks_for_a_short_one() -> None:
     assert (moves["short"].plan.gpu_type, moves["short"].plan.gpus) == (SLOW, 2)
     assert not set(moves["long"].gpus) & set(moves["short"].gpus)
     assert "peer" not in moves
-    # Control: ``long`` has only 2x the short job's time left on the slow plan: nobody is disturbed.
-    assert FrenzyPolicy().decide(two_types_case(6_000.0), random.Random(0)).placements == ()
+    # Control: ``long`` has less time left than the short job's 3,000 s on the slow plan: nobody is
+    # disturbed.
+    assert FrenzyPolicy().decide(two_types_case(2_500.0), random.Random(0)).placements == ()
 
 
 def quiet_case(slow_step_s: float, long_left_steps: float) -> Snapshot:
@@ -177,8 +180,8 @@ def test_a_much_longer_job_yields_fast_gpus_when_the_free_ones_are_much_slower()
     # Control: 1,900 s on the slow pair is less than the delay the yield would cost long: start there.
     d = FrenzyPolicy().decide(quiet_case(1.9, 100_000.0), random.Random(0))
     assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
-    # Control: long has under SHRINK_RATIO x the short job's time left: nobody yields.
-    d = FrenzyPolicy().decide(quiet_case(3.0, 3_000.0), random.Random(0))
+    # Control: long has less time left than the short job's 1,000 s there: nobody yields.
+    d = FrenzyPolicy().decide(quiet_case(3.0, 900.0), random.Random(0))
     assert [(p.job_id, p.plan.gpu_type) for p in d.placements] == [("short", SLOW)]
 
 
@@ -186,14 +189,15 @@ def starving_case(waited_s: float, slow_speed: float) -> Snapshot:
     """``holder`` runs on all 4 fast GPUs; the slower ones (speed ``slow_speed``) are free.
 
     ``head`` has waited ``waited_s`` and fits only the fast GPUs (one 4-GPU plan);
-    ``holder`` has as much work left as ``head`` and could also run on the slower type.
+    ``holder`` has as much time left as ``head`` and could also run on the slower type.
     """
     fast = tuple(Gpu("peer-a", i, TYPE) for i in range(4))
     slow = tuple(Gpu("peer-b", i, SLOW) for i in range(4))
     types = (GpuTypeSpec(TYPE, MEM, GPU_TYPES[TYPE].speed), GpuTypeSpec(SLOW, SMEM, slow_speed))
     cluster = Cluster(types, fast + slow)
     now = 10 * 3600.0
-    head = job("head", now - waited_s, (plan(4, 1.0),), remaining=20_000.0)
+    # As much time left as holder where it runs: holder is no donor, only the move can help.
+    head = job("head", now - waited_s, (plan(4, 1.0),), remaining=20_000.0 * modelled(4).step_time_s)
     there = on_slow(4, SPEED.step_time_s(on_slow(4, 1.0), slow_speed, 1))
     holder = job("holder", 0.0, (modelled(4), there), remaining=20_000.0)
     step = holder.plans[0].step_time_s
