@@ -1,0 +1,79 @@
+"""scripts/tune_has.py: the tuning harness scores a cell as --final does and never runs the test split."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import tune_has  # noqa: E402
+
+from frenzyd.has import frenzy, frenzy_rules  # noqa: E402
+
+
+def run(avg: float, p99: float, failed: int = 0, restarts: int = 0) -> dict[str, float]:
+    return {"avg": avg, "p99": p99, "failed": failed, "restarts": restarts}
+
+
+def window(**avgs: float) -> dict[str, dict[str, float]]:
+    out = {name: run(a, 2 * a) for name, a in avgs.items()}
+    for name in tune_has.OTHERS:
+        out.setdefault(name, run(1e9, 2e9))
+    return out
+
+
+def test_a_cell_is_scored_on_means_over_windows_against_complete_baselines_only() -> None:
+    others = [window(sia=100.0, fifo=10.0, srtf=90.0), window(sia=300.0, fifo=10.0, srtf=110.0)]
+    others[1]["fifo"]["failed"] = 3  # fifo failed jobs in one window: never the best baseline
+    ours = [run(80.0, 150.0), run(240.0, 500.0)]
+    s = tune_has.score("lab-20:1:gpus", ours, others)
+    assert s["best_baseline"] == "sia"
+    assert s["vs_best"] == pytest.approx(160.0 / 200.0)
+    assert s["p99_vs_best"] == pytest.approx(325.0 / 400.0)
+    assert s["reference"] == "srtf"
+    assert s["vs_reference"] == pytest.approx(160.0 / 100.0)
+
+
+def test_the_test_split_and_unknown_constants_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        tune_has.main(["--split", "test"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="SHRINK_RATIO"):
+        tune_has.parse_set(["NOT_A_KNOB=1"])
+    with pytest.raises(SystemExit, match="not a number"):
+        tune_has.parse_set(["SHRINK_RATIO=four"])
+
+
+def test_a_set_constant_reaches_the_module_the_rules_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frenzy_rules, "SHRINK_TRIES", frenzy_rules.SHRINK_TRIES)
+    monkeypatch.setattr(frenzy, "SHRINK_TRIES", frenzy.SHRINK_TRIES)
+    tune_has.apply_set(tune_has.parse_set(["SHRINK_TRIES=7"]))
+    assert frenzy_rules.SHRINK_TRIES == 7
+    assert isinstance(frenzy_rules.SHRINK_TRIES, int)
+    assert frenzy.SHRINK_TRIES == 7
+
+
+def test_one_window_runs_caches_the_baselines_and_reuses_them(tmp_path: Path) -> None:
+    cache, out = tmp_path / "cache.json", tmp_path / "scores.json"
+    args = ["--split", "validation", "--windows", "1", "--cells", "lab-20:1:gputime", "--processes", "1",
+            "--cache", str(cache), "--json", str(out)]
+    assert tune_has.main(args) == 0
+    cached = json.loads(cache.read_text())
+    assert list(cached) == ["validation|0|lab-20:1:gputime"]
+    assert set(cached["validation|0|lab-20:1:gputime"]) == set(tune_has.OTHERS)
+    first = json.loads(out.read_text())
+    (cell,) = first["cells"]
+    assert cell["best_baseline"] in tune_has.BASELINES
+    assert cell["vs_best"] > 0.0
+    assert cell["vs_reference"] > 0.0
+    # The cache holds the baselines: a second run with a constant changed reads them back unchanged.
+    before = cache.read_text()
+    assert tune_has.main([*args, "--set", "SHRINK_RATIO=4.0"]) == 0
+    assert cache.read_text() == before
+    assert json.loads(out.read_text())["set"] == {"SHRINK_RATIO": 4.0}
