@@ -29,6 +29,10 @@ LEASE_S = 6.0
 """Shrunken ``lease_timeout_s``: a silent peer's jobs are re-placed after ~6.4 s, not ~30 s."""
 UNPLACEABLE_S = 2.0
 """Shrunken ``jobs.unplaceable_after_s``."""
+TINY_RESTART_S = (0.0, 0.0)
+"""Restart costs for a live preemption test: MARP predicts ~1 us a step for the tiny test model on a
+simulated T4, so a 100,000-step job has ~0.1 s left by its plan, and HAS stops a running job only
+when its time left exceeds the newcomer's plus its restart (the defaults, 60 + 36 s, never pay off)."""
 PY = ".".join(map(str, sys.version_info[:3]))
 
 DDP_SCRIPT = textwrap.dedent(
@@ -80,7 +84,8 @@ class Pool:
         """Every node's lease (and ``lease_timeout_s``)."""
         self.restart_s: tuple[float, float] | None = None
         """(start, stop) seconds every coordinator tells HAS a re-placement costs, pinned (no learning);
-        None: each measures its own from the defaults (``RestartCosts``)."""
+        None: each measures its own from the defaults (``RestartCosts``).  :data:`TINY_RESTART_S` for
+        a test whose preemption must pay off by HAS's exchange argument with the tiny test model."""
 
     def view(self, me: str | None = None) -> ClusterView:
         peers = {nid: n.orch.report() | {"name": nid, "address": "127.0.0.1:1"}

@@ -23,7 +23,7 @@ from frenzyd.errors import ConfigError
 from frenzyd.jobs.model import JobSpec
 from frenzyd.jobs.rank_host import CONTROL_CHANNEL, rank_command
 
-from .orch_harness import Node, Pool, eventually, pool, wait_state
+from .orch_harness import TINY_RESTART_S, Node, Pool, eventually, pool, wait_state
 
 assert pool  # the fixture
 
@@ -104,6 +104,7 @@ async def test_a_checkpointable_script_is_preempted_and_resumes_from_its_step(po
     one runs on the freed GPU and finishes first, and the long one's next attempt resumes from the
     step it stopped at, from the checkpoint its submitter kept."""
     pool.min_run_s = 2.0
+    pool.restart_s = TINY_RESTART_S
     pool.add("a", 0)
     pool.add("b", 1)
     c = pool.add("c", 0)

@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from frenzyd.jobs.placement import DEFAULT_START_S, DEFAULT_STOP_S
 from frenzyd.trainer.corpus import write_corpus
 
-from .orch_harness import Node, Pool, eventually, pool, wait_state
+from .orch_harness import TINY_RESTART_S, Node, Pool, eventually, pool, wait_state
 
 assert pool  # the fixture
 
@@ -64,6 +63,7 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     SIGTERM, checkpoint, requeue, not a lost attempt), the short one runs on the freed GPU and
     finishes first, and the long one resumes from its checkpoint, not from step 0."""
     pool.min_run_s = 2.0
+    pool.restart_s = TINY_RESTART_S
     pool.add("a", 0)
     pool.add("b", 1)
     c = pool.add("c", 0)
@@ -89,12 +89,11 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     short_rec = c.orch.store.get(short.id)
     assert short_rec.finished_at is not None
     assert short_rec.finished_at < (c.orch.store.get(long.id).finished_at or float("inf"))
-    # The coordinator measured the stop it ordered and the starts (first steps) it saw, and tells HAS
-    # those instead of the defaults.
+    # The coordinator measured the stop it ordered and the starts (first steps) it saw (the estimates
+    # are pinned here; how measurements move them: test_restart_models.py, test_restart_seed.py).
     costs = pool.nodes["a"].orch.coordinator.restart
     await eventually(lambda: costs.starts >= 2, limit=30)
     assert costs.stops >= 1
-    assert (costs.start_s, costs.stop_s) != (DEFAULT_START_S, DEFAULT_STOP_S)
     assert pool.nodes["a"].orch.coordinator.restart_costs()["stops_measured"] == costs.stops
     await c.orch.submitter.cancel(long.id)
     await asyncio.sleep(0.5)
@@ -106,6 +105,7 @@ async def test_a_preempted_job_resumes_from_the_checkpoint_its_stop_wrote(pool: 
     checkpoint was written, copied to the submitter and loaded by the next attempt: no step lost,
     none repeated.  (The other tests' 2 s grace often ends in SIGKILL on a loaded machine.)"""
     pool.min_run_s = 2.0
+    pool.restart_s = TINY_RESTART_S
     pool.term_grace_s = 60.0
     pool.lease_s = 120.0  # the ranks get at most half the lease as their grace
     pool.add("a", 0)
