@@ -21,6 +21,7 @@ Constants of ``frenzyd.has.frenzy_rules`` are set for Frenzy with
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -64,6 +65,39 @@ MAPPINGS = ("gpus", "gputime")
 def all_cells() -> list[str]:
     """bench_sched's grid: every cluster × load × mapping."""
     return [f"{c}:{load}:{m}" for c in CLUSTERS for load in LOADS for m in MAPPINGS]
+
+
+FRENZY_ONLY = ("frenzy.py", "frenzy_rules.py")
+"""Files of ``frenzyd/has`` that only Frenzy runs: the baselines' cached results do not depend on them."""
+
+
+def baseline_fingerprint() -> str:
+    """sha256 over what the baselines' results depend on: ``frenzyd`` (MARP's plans, the simulator, the
+    baselines, the speed model, the trace and cluster data) except Frenzy's own rules.  A cache built
+    under another fingerprint is stale and is dropped."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "frenzyd").rglob("*")):
+        if not path.is_file() or path.suffix not in (".py", ".csv", ".toml", ".json"):
+            continue
+        if path.parent.name == "has" and path.name in FRENZY_ONLY:
+            continue
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def load_cache(path: Path, fingerprint: str) -> dict[str, Any]:
+    """The cached baseline results for ``fingerprint``; empty when there are none or they are stale."""
+    if not path.exists():
+        return {"fingerprint": fingerprint, "windows": {}}
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"fingerprint": fingerprint, "windows": {}}
+    if not isinstance(cache, dict) or cache.get("fingerprint") != fingerprint:
+        print(f"[tune_has] {path}: built for other code (MARP, simulator or baselines changed); rebuilding",
+              file=sys.stderr, flush=True)
+        return {"fingerprint": fingerprint, "windows": {}}
+    return cache
 
 
 def parse_set(items: Iterable[str]) -> dict[str, float]:
@@ -160,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a frenzy_rules constant for this run (repeatable)")
     ap.add_argument("--min-run-s", type=float, default=None, help="FrenzyPolicy(min_run_s=...) for this run")
     ap.add_argument("--cache", type=Path, default=ROOT / "out" / "tune_has_cache.json",
-                    help="baseline results per window (default out/tune_has_cache.json)")
+                    help="baseline results per window, dropped when the code they depend on changes "
+                         "(default out/tune_has_cache.json)")
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path, default=None, help="write the per-cell scores here")
     args = ap.parse_args(argv)
@@ -172,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = c.split(":")
         if len(parts) != 3 or parts[0] not in CLUSTERS or parts[2] not in MAPPINGS:
             ap.error(f"cell {c!r}: use CLUSTER:LOAD:MAPPING, e.g. lab-20:1:gpus")
-    cache: dict[str, dict] = json.loads(args.cache.read_text()) if args.cache.exists() else {}
+    store = load_cache(args.cache, baseline_fingerprint())
+    cache: dict[str, dict] = store["windows"]
     keys = [(w, c) for c in cells for w in range(args.windows)]
     missing: list[Task] = [
         (args.split, w, c, OTHERS, {}, None) for w, c in keys if f"{args.split}|{w}|{c}" not in cache
@@ -184,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             cache[key] = out
             args.cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = args.cache.with_suffix(".part")
-            tmp.write_text(json.dumps(cache))
+            tmp.write_text(json.dumps(store))
             tmp.replace(args.cache)
             print(f"[tune_has] baselines {n}/{len(missing)} windows ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)

@@ -65,8 +65,9 @@ def test_one_window_runs_caches_the_baselines_and_reuses_them(tmp_path: Path) ->
             "--cache", str(cache), "--json", str(out)]
     assert tune_has.main(args) == 0
     cached = json.loads(cache.read_text())
-    assert list(cached) == ["validation|0|lab-20:1:gputime"]
-    assert set(cached["validation|0|lab-20:1:gputime"]) == set(tune_has.OTHERS)
+    assert cached["fingerprint"] == tune_has.baseline_fingerprint()
+    assert list(cached["windows"]) == ["validation|0|lab-20:1:gputime"]
+    assert set(cached["windows"]["validation|0|lab-20:1:gputime"]) == set(tune_has.OTHERS)
     first = json.loads(out.read_text())
     (cell,) = first["cells"]
     assert cell["best_baseline"] in tune_has.BASELINES
@@ -77,3 +78,14 @@ def test_one_window_runs_caches_the_baselines_and_reuses_them(tmp_path: Path) ->
     assert tune_has.main([*args, "--set", "SHRINK_RATIO=4.0"]) == 0
     assert cache.read_text() == before
     assert json.loads(out.read_text())["set"] == {"SHRINK_RATIO": 4.0}
+
+
+def test_a_cache_built_for_other_code_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "cache.json"
+    now = tune_has.baseline_fingerprint()
+    path.write_text(json.dumps({"fingerprint": "0" * 64, "windows": {"tune|0|lab-20:1:gpus": {}}}))
+    assert tune_has.load_cache(path, now) == {"fingerprint": now, "windows": {}}
+    path.write_text(json.dumps({"fingerprint": now, "windows": {"tune|0|lab-20:1:gpus": {}}}))
+    assert tune_has.load_cache(path, now)["windows"] == {"tune|0|lab-20:1:gpus": {}}
+    path.write_text("not json")
+    assert tune_has.load_cache(path, now)["windows"] == {}
