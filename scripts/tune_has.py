@@ -53,10 +53,6 @@ SPLITS = ("tune", "validation")
 TARGET = 0.82
 """Frenzy's average JCT at most this fraction of the best complete baseline's (≥ 18 % below)."""
 
-_TRACE: list[Any] = []
-_CLUSTERS: dict[str, Any] = {}
-
-
 CLUSTERS = ("lab-20", "alibaba-64", "alibaba-256")
 LOADS = ("1", "2")
 MAPPINGS = ("gpus", "gputime")
@@ -66,6 +62,16 @@ def all_cells() -> list[str]:
     """bench_sched's grid: every cluster × load × mapping."""
     return [f"{c}:{load}:{m}" for c in CLUSTERS for load in LOADS for m in MAPPINGS]
 
+
+FIXED_AT_IMPORT = {"SHRINK_MIN_RUN_S": "--min-run-s"}
+"""Constants read once, as a default argument, when ``frenzy`` is imported: setting them later changes
+nothing, so ``--set`` refuses them and names the option that does."""
+
+_TRACE: list[Any] = []
+_CLUSTERS: dict[str, Any] = {}
+_SOURCE: list[Any] = []
+"""Per worker process: the parsed trace, the clusters and one MARP plan source (its fit cache shared by
+every window the worker runs, as ``bench_sched`` shares one)."""
 
 FRENZY_ONLY = ("frenzy.py", "frenzy_rules.py")
 """Files of ``frenzyd/has`` that only Frenzy runs: the baselines' cached results do not depend on them."""
@@ -105,6 +111,9 @@ def parse_set(items: Iterable[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items:
         name, sep, value = item.partition("=")
+        if name in FIXED_AT_IMPORT:
+            raise SystemExit(f"--set {item!r}: {name} is bound when frenzy is imported; "
+                             f"use {FIXED_AT_IMPORT[name]}")
         if not sep or not name.isupper() or not hasattr(frenzy_rules, name):
             known = sorted(n for n in vars(frenzy_rules) if n.isupper() and not n.startswith("_"))
             raise SystemExit(f"--set {item!r}: use NAME=VALUE with NAME one of {', '.join(known)}")
@@ -136,11 +145,12 @@ def run_window(task: Task) -> tuple[str, dict]:
     if not _TRACE:
         _TRACE.extend(parse_philly_csv((bench_sched.DATA / "philly.csv").read_text()))
         _CLUSTERS.update(bench_sched.clusters(False))
+        _SOURCE.append(sim_jobs.MarpPlanSource())
     cname, load, mapping = cell.split(":")
     cluster = _CLUSTERS[cname]
     trace = split_window(_TRACE, 160, window, split)
     jobs, _ = sim_jobs.prepare_jobs(
-        map_jobs(trace, mapping, window), cluster, sim_jobs.MarpPlanSource(), load=float(load)
+        map_jobs(trace, mapping, window), cluster, _SOURCE[0], load=float(load)
     )
     pols = [load_policy(p, sia_time_limit_s=10.0) for p in policies]
     for p in pols:

@@ -48,6 +48,9 @@ def test_the_test_split_and_unknown_constants_are_refused(capsys: pytest.Capture
         tune_has.parse_set(["NOT_A_KNOB=1"])
     with pytest.raises(SystemExit, match="not a number"):
         tune_has.parse_set(["SHRINK_RATIO=four"])
+    # Bound as FrenzyPolicy's default argument at import: a --set would silently change nothing.
+    with pytest.raises(SystemExit, match="--min-run-s"):
+        tune_has.parse_set(["SHRINK_MIN_RUN_S=600"])
 
 
 def test_a_set_constant_reaches_the_module_the_rules_read(monkeypatch: pytest.MonkeyPatch) -> None:
