@@ -53,6 +53,7 @@ from frenzyd.jobs.placement import (
     schedule,
     warm_plans,
 )
+from frenzyd.jobs.step_fit import STEP_WINDOW, StepFits, measured_step_s
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class CoordinatorRole:
         self._last_offers: list[PeerOffer] | None = None  # the last pass's: what an admission plans on
         self.restart = restart or RestartCosts()
         """What re-placing a running job costs here, measured (kept across terms: it is this pool's)."""
+        self.fits = StepFits()
+        """How this pool's measured steps correct MARP's (``step_fit``; kept across terms, as ``restart``)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -114,6 +117,7 @@ class CoordinatorRole:
         self._stop_began: dict[tuple[str, int], float] = {}  # attempt being preempted -> when ordered
         self._start_began: dict[tuple[str, int], float] = {}  # attempt started -> when its placement began
         self._first_step: dict[tuple[str, int], float] = {}  # attempt -> when its first step was seen
+        self._step_seen: dict[tuple[str, int], int] = {}  # attempt -> the first step number seen here
         self._retry_at: dict[str, float] = {}  # pending job its submitter gave no attempt yet -> ask again
         self._stopped: dict[str, int] = {}  # job -> its last attempt preempted here, every rank exited
         self._refused: dict[tuple[str, str], tuple[float, int]] = {}  # (job, peer) -> (barred until, times)
@@ -161,7 +165,9 @@ class CoordinatorRole:
         self.table.forget_finished(KEEP_FINISHED)
         self._measure_starts(v, now)
         self._start_pending(v)
-        queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q), owner=q.owner)
+        self.fits.forget(self._gone)
+        queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q), owner=q.owner,
+                           fit=self.fits.for_job(q.id, restart_key(q.spec)))
                  for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
         movable = [self._running_info(v, r) for r in self.table.running()
                    if r.spec.keeps_checkpoints and r.plan is not None
@@ -173,6 +179,9 @@ class CoordinatorRole:
                                         policy=self.policy, restart=self.restart, refused=self._barred(now),
                                         plan_inline=False)
         self._last_offers = offers
+        for job_id, fit in sched.fits:
+            if (measured := self.table.get(job_id)) is not None:
+                self.fits.observe(job_id, restart_key(measured.spec), fit)
         self._plan_waiting(sched.planning, offers)
         for job_id, reason in sched.infeasible:
             # Only the submitter fails a job that cannot be placed (after jobs.unplaceable_after_s):
@@ -269,6 +278,10 @@ class CoordinatorRole:
             rec = self.table.get(key[0])
             if rec is None or rec.state != "running" or rec.attempt != key[1]:
                 del self._first_step[key]
+        for key in list(self._step_seen):
+            rec = self.table.get(key[0])
+            if rec is None or rec.state != "running" or rec.attempt != key[1]:
+                del self._step_seen[key]
         for key, began in list(self._start_began.items()):
             rec = self.table.get(key[0])
             if rec is None or rec.state != "running" or rec.attempt != key[1]:
@@ -288,9 +301,15 @@ class CoordinatorRole:
                              "%.1fs (start %.1fs + stop %.1fs)", key[0], key[1], ready - began,
                              self.restart.restart_s, self.restart.start_s, self.restart.stop_s)
 
+    def _gone(self, job_id: str) -> bool:
+        """The job left the table or ended (what it measured is no use any more)."""
+        rec = self.table.get(job_id)
+        return rec is None or rec.terminal
+
     def restart_costs(self) -> dict[str, Any]:
-        """What HAS is told a re-placement costs here, and from how many measurements (status)."""
-        return self.restart.to_dict()
+        """What HAS is told a re-placement costs here, and from how many measurements, and how the
+        pool's measured steps correct MARP's (status)."""
+        return {**self.restart.to_dict(), "step_fits": self.fits.to_dict()}
 
     def _running_info(self, v: ClusterView, rec: JobRecord) -> RunningInfo:
         """The job as HAS sees it.  Its progress counts from its first step (``ready_s``): a trainer
@@ -304,7 +323,18 @@ class CoordinatorRole:
             ready = math.inf
         return RunningInfo(rec.id, rec.spec, rec.plan, tuple((r.peer, r.gpu_index) for r in rec.ranks),
                            rec.started_at or self.ctx.clock(), self._done_steps(v, rec), owner=rec.owner,
-                           ready_s=ready)
+                           ready_s=ready, step_s=self._measured_step_s(v, rec),
+                           fit=self.fits.for_job(rec.id, restart_key(rec.spec)))
+
+    def _measured_step_s(self, v: ClusterView, rec: JobRecord) -> float | None:
+        """The attempt's mean step as its trainer reports it, once the reported mean holds only steps
+        of this attempt after the first one seen here (``STEP_WINDOW``); None until then."""
+        progress = self._progress(v, rec)
+        n = progress.get("step")
+        if progress.get("attempt") != rec.attempt or not isinstance(n, int) or isinstance(n, bool):
+            return None
+        first = self._step_seen.setdefault((rec.id, rec.attempt), n)
+        return measured_step_s(progress) if n - first >= STEP_WINDOW else None
 
     def _bar(self, job_id: str, peer: str) -> None:
         """``peer`` refused (or did not take) the job's lease or launch: place the job elsewhere for a

@@ -32,6 +32,10 @@ first step, a stop order to the last exit) and HAS is told their running means, 
 conservative defaults, instead of ``has.speed``'s 30 s plus a checkpoint read (a loaded loopback pool
 paid about 90 s per preemption, not 30).
 
+What a step costs: MARP predicts it; the pool measures it (``RunningInfo.step_s``, the trainer's mean
+step) and the measurement corrects every plan of the job, and of new jobs of its model, the same way
+(``step_fit``), so HAS compares a job's time here with its time elsewhere on one footing.
+
 At pool scale (issue 18): the coordinator's pass asks ``schedule(plan_inline=False)``, so a model job
 whose MARP plans are not in the plan cache waits for a later pass (``Schedule.planning``) while
 ``warm_plans`` computes them in a worker thread (at admission, or when a pass finds them missing);
@@ -56,6 +60,7 @@ from frenzyd.errors import FrenzyError, InfeasibleError
 from frenzyd.gpu_types import DEFAULT_UNKNOWN_SPEED, is_mig_type, known_type
 from frenzyd.has.speed import JobSpeed
 from frenzyd.jobs.model import JobPlan, JobSpec, RankAssignment
+from frenzyd.jobs.step_fit import StepFit
 from frenzyd.marp.spec import Plan
 
 MIN_STAND_IN_STEP_S = 0.5
@@ -567,6 +572,9 @@ class QueuedJob:
     owner: str | None = None
     """The submitting user (``JobRecord.owner``): a peer that runs only its own user's jobs takes
     no one else's."""
+    fit: StepFit | None = None
+    """How the pool's measurements correct MARP's step times for it (``step_fit``): its own from an
+    earlier attempt, else its model's; None: MARP's figures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,7 +582,9 @@ class RunningInfo:
     """A running checkpointable job as the scheduler sees it: its plan, its GPUs in rank order as
     (peer, GPU index), when its attempt started (the caller's clock), the steps it has done and when
     its first step came (``ready_s``: inf while it still starts, None when not known; see
-    ``has.interface.RunningJob.ready_s``)."""
+    ``has.interface.RunningJob.ready_s``), and the seconds a step takes there as measured
+    (``step_s``: the trainer's mean over its last steps of this attempt; None until known), which
+    corrects MARP's step times of all its plans (``step_fit``)."""
 
     job_id: str
     spec: JobSpec
@@ -584,6 +594,9 @@ class RunningInfo:
     done_steps: int = 0
     owner: str | None = None
     ready_s: float | None = None
+    step_s: float | None = None
+    fit: StepFit | None = None
+    """Its fit from an earlier attempt (or its model's), until this attempt's ``step_s`` is known."""
 
 
 DEFAULT_START_S = 60.0
@@ -742,6 +755,9 @@ class Schedule:
     """Jobs left out of this pass because MARP's plans for them are not cached yet (``schedule``'s
     ``plan_inline=False``): the caller computes them off the pass (``warm_plans``) and the jobs
     are placed on a later pass."""
+    fits: tuple[tuple[str, StepFit], ...] = ()
+    """Running jobs whose measured step this pass turned into a fit of their plans (``step_fit``):
+    the caller keeps them for the jobs' next attempts and for new jobs of their models."""
 
 
 _TYPE_MEM: dict[int, tuple[Sequence[PeerOffer], dict[str, int]]] = {}
@@ -802,10 +818,22 @@ def _declared_work(
 
 
 def _running_step_s(r: RunningInfo) -> float | None:
+    """MARP's step of a running job's plan (paced for a stand-in); None for a declared job."""
     step = r.plan.step_time_s
     if not step:
         return None
     return max(MIN_STAND_IN_STEP_S, step) if r.spec.stand_in and r.plan.backend == "gloo" else step
+
+
+def _fitted(plan: Plan, fit: StepFit | None) -> Plan:
+    return plan if fit is None else fit.plan(plan)
+
+
+def _fitted_step(r: RunningInfo, fit: StepFit | None) -> float | None:
+    """A running job's step as HAS is told it before this attempt is measured: MARP's (paced for a
+    stand-in), corrected by the job's earlier fit."""
+    step = _running_step_s(r)
+    return step if step is None or fit is None else fit.step_s(step)
 
 
 KNOWN_JOBS = 16384
@@ -981,16 +1009,18 @@ def _derive(spec: JobSpec, matching: Sequence[PeerOffer], *, headroom: float, jo
 
 
 def _view_of(job_id: str, arrival_s: float, d: _Derived, restart: RestartCosts | None,
-             work: tuple[float, float], *, keep: bool = True) -> Any:
-    """HAS's view of a job (the last pass's object when every input is the same)."""
+             work: tuple[float, float], *, keep: bool = True, fit: StepFit | None = None) -> Any:
+    """HAS's view of a job (the last pass's object when every input is the same); ``fit`` corrects
+    its plans' step times by what the pool measured (``step_fit``)."""
     from frenzyd.has.interface import JobView
 
     start_s, stop_s = (d.default_restart_s, 0.0) if restart is None else restart.for_model(d.restart_key)
-    key = (d, arrival_s, start_s, stop_s, work)
+    key = (d, arrival_s, start_s, stop_s, work, fit)
     hit = _VIEWS.get(job_id) if keep else None
     if hit is not None and hit[0] == key:
         return hit[1]
-    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=d.spec.nproc or 1, plans=d.plans,
+    plans = d.plans if fit is None else fit.plans(d.plans)
+    view = JobView(job_id=job_id, arrival_s=arrival_s, requested_gpus=d.spec.nproc or 1, plans=plans,
                    speed=PoolSpeed(params=d.params, flops_per_step=d.flops, restart_s=start_s),
                    total_steps=work[0], remaining_steps=work[1], stop_cost_s=stop_s)
     if keep:
@@ -1036,6 +1066,8 @@ def schedule(
     derived: list[tuple[str, _Derived]] = []
     arrivals: list[float] = []
     candidates: dict[str, Sequence[JobPlan]] = {}
+    fits: list[StepFit | None] = []
+    measured: list[tuple[str, StepFit]] = []
     by_versions: dict[tuple[str, str], tuple[list[PeerOffer], list[int], object]] = {}
 
     def matching_of(spec: JobSpec) -> tuple[list[PeerOffer], list[int], object]:
@@ -1066,6 +1098,7 @@ def schedule(
         candidates[q.job_id] = d.cands
         derived.append((q.job_id, d))
         arrivals.append(q.arrival_s)
+        fits.append(q.fit)
     queued_n = len(derived)
     declared = {q.job_id: q.spec.steps for q in queue}
     by_key: dict[tuple[str, int], OfferedGpu] = {}
@@ -1100,14 +1133,28 @@ def schedule(
         derived.append((r.job_id, d))
         arrivals.append(r.started_s)
         runs.append((r, [Gpu(peer, idx, by_key[(peer, idx)].type) for peer, idx in r.gpus]))
+        fit = r.fit
+        if r.step_s is not None and (predicted := _running_step_s(r)):  # MARP's step on its GPUs
+            peers = len({peer for peer, _ in r.gpus})
+            speed = PoolSpeed(params=d.params, flops_per_step=d.flops)
+            on_gpus = speed.step_time_s(replace(_has_plan(r.plan), step_time_s=predicted),
+                                        _speed(r.plan.gpu_type), peers)
+            if (fresh := StepFit.of(r.step_s, on_gpus)) is not None:
+                fit = fresh
+                measured.append((r.job_id, fresh))
+        fits.append(fit)
     done = {q.job_id: q.done_steps for q in queue} | {r.job_id: r.done_steps for r in running}
     work = _declared_work(derived, queued_n, declared, done)
-    all_views = [_view_of(j, a, d, restart, w) for (j, d), a, w in zip(derived, arrivals, work, strict=True)]
+    all_views = [_view_of(j, a, d, restart, w, fit=f)
+                 for (j, d), a, w, f in zip(derived, arrivals, work, fits, strict=True)]
+    fit_of = {j: f for (j, _), f in zip(derived, fits, strict=True) if f is not None}
     views, run_views = all_views[:queued_n], all_views[queued_n:]
     running_jobs = tuple(
-        # step time: MARP's (paced for a stand-in), as the queued jobs' plans
-        RunningJob(job=v, plan=_has_plan(r.plan), gpus=tuple(g), started_s=r.started_s,
-                   step_time_s=_running_step_s(r), ready_s=r.ready_s)
+        # step time: the measured one, else MARP's (paced for a stand-in); the plan and every other
+        # plan of the job corrected by its fit, so HAS weighs its time here and elsewhere alike
+        RunningJob(job=v, plan=_fitted(_has_plan(r.plan), fit_of.get(r.job_id)), gpus=tuple(g),
+                   started_s=r.started_s, step_time_s=r.step_s or _fitted_step(r, fit_of.get(r.job_id)),
+                   ready_s=r.ready_s)
         for v, (r, g) in zip(run_views, runs, strict=True)
     )
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
@@ -1174,6 +1221,8 @@ def schedule(
         taken.update(og.uuid for _, gs in ordered for og in gs)
         # A declared job's step time is the speed model's assumption, not a prediction: not shown.
         step = (pl.plan.step_time_s if exact else match.step_time_s) if match.source == "marp" else None
+        if step and exact and (fit := fit_of.get(pl.job_id)) is not None:
+            step = fit.predicted_s(step)  # the plan keeps MARP's figure; the fit is the pool's own
         plan = replace(match, step_time_s=step, policy=policy.name, peers=len(ordered),
                        backend=_backend([og for _, gs in ordered for og in gs]))
         placement = Placement(plan, _number(ordered))
@@ -1228,7 +1277,7 @@ def schedule(
             taken.update(r.gpu for r in alt.ranks)
             start.append((job_id, replace(alt, plan=replace(alt.plan, policy=f"{policy.name} (rerouted)"))))
     return Schedule(tuple(start), tuple(infeasible), policy.name, tuple((j, why[j]) for j in preempted),
-                    tuple(pending), tuple(planning))
+                    tuple(pending), tuple(planning), tuple(measured))
 
 
 def job_model(spec: JobSpec) -> Any:

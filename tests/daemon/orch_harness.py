@@ -30,9 +30,11 @@ LEASE_S = 6.0
 UNPLACEABLE_S = 2.0
 """Shrunken ``jobs.unplaceable_after_s``."""
 TINY_RESTART_S = (0.0, 0.0)
-"""Restart costs for a live preemption test: MARP predicts ~1 us a step for the tiny test model on a
-simulated T4, so a 100,000-step job has ~0.1 s left by its plan, and HAS stops a running job only
-when its time left exceeds the newcomer's plus its restart (the defaults, 60 + 36 s, never pay off)."""
+"""Restart costs for a live preemption test that should not hang on the pool's own figures: MARP
+predicts ~1 us a step for the tiny test model on a simulated T4, so a 100,000-step job has ~0.1 s
+left by its plan until the coordinator has measured its steps (a trainer's, after 10 of them; a
+checkpointable script reports none), and HAS stops a running job only when its time left exceeds
+the newcomer's plus its restart.  ``test_a_short_job_preempts_a_long_one_...`` runs on the defaults."""
 PY = ".".join(map(str, sys.version_info[:3]))
 
 DDP_SCRIPT = textwrap.dedent(

@@ -9,8 +9,10 @@ from typing import Any
 from frenzyd.jobs import coordinator as coordinator_mod
 from frenzyd.jobs.context import ClusterView, RoleContext
 from frenzyd.jobs.coordinator import CoordinatorRole
-from frenzyd.jobs.lifecycle import BeginAttempt, Placed, step
+from frenzyd.jobs.lifecycle import BeginAttempt, Cancel, Placed, step
 from frenzyd.jobs.model import JobPlan, JobRecord, JobSpec, RankAssignment, new_record
+from frenzyd.jobs.placement import restart_key
+from frenzyd.jobs.step_fit import STEP_WINDOW, StepFit
 
 SPEC = JobSpec(argv=(), payload_sha256="ab" * 32, payload_size=10, python_version="3.11.7",
                torch_version="2.13.0", model="gpt2", seq_len=128, global_batch=8, steps=100, trainer=True,
@@ -95,3 +97,36 @@ def test_a_step_time_that_is_not_a_sane_number_is_ignored_or_bounded() -> None:
         clock[0] = 30.0
         c._measure_starts(view({"attempt": 1, "step": 1, "step_s": raw}), clock[0])
         assert c.restart.start_s == start, raw
+
+
+def test_the_measured_step_is_the_trainers_mean_once_it_holds_only_this_attempts_steps() -> None:
+    """HAS is told the attempt's measured step (the trainer's mean of its last ``STEP_WINDOW`` steps:
+    its ETA over the steps left) only once that window holds no step before the first one seen here
+    (a start-up step, a checkpoint load); a report of another attempt measures nothing."""
+    c = role([10.0])
+    rec = running(c)
+    first = {"attempt": 1, "step": 40, "steps": 100, "eta_s": 600.0, "step_s": 9.0}
+    assert c._running_info(view(first), rec).step_s is None  # first seen at step 40
+    early = {**first, "step": 40 + STEP_WINDOW - 1}
+    assert c._running_info(view(early), rec).step_s is None
+    later = {**first, "step": 40 + STEP_WINDOW, "eta_s": 250.0}
+    assert c._running_info(view(later), rec).step_s == 250.0 / (100 - 40 - STEP_WINDOW)
+    done = {**later, "step": 100, "eta_s": 0.0}
+    assert c._running_info(view(done), rec).step_s == 9.0  # nothing left: the last step's own time
+    assert c._running_info(view({**later, "attempt": 2}), rec).step_s is None
+    assert c._running_info(view({**later, "eta_s": float("nan"), "step_s": "9"}), rec).step_s is None
+
+
+def test_a_fit_the_pass_measured_prices_the_job_and_new_jobs_of_its_model_and_ends_with_the_job() -> None:
+    c = role([10.0])
+    rec = running(c)
+    fit = StepFit(1.0, 0.5)
+    c.fits.observe(rec.id, restart_key(rec.spec), fit)
+    assert c._running_info(view(None), rec).fit == fit
+    assert c.fits.for_job("other", restart_key(SPEC)) == fit  # a job of the same model
+    assert c.fits.for_job("other", "llama-2-7b") is None
+    assert c.restart_costs()["step_fits"] == {"jobs_measured": 1, "models": {"gpt2": fit.to_dict()}}
+    c.table.update(step(rec, Cancel(), now=20.0))
+    c.fits.forget(c._gone)
+    assert c.fits.jobs == {}
+    assert c.fits.for_job("next", "gpt2") == fit  # the model's figure outlives the job

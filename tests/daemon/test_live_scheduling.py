@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from frenzyd.jobs.placement import DEFAULT_START_S, DEFAULT_STOP_S
 from frenzyd.trainer.corpus import write_corpus
 
 from .orch_harness import TINY_RESTART_S, Node, Pool, eventually, pool, wait_state
@@ -61,9 +62,10 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
 ) -> None:
     """One GPU, a long trainer job on it; a short job arrives.  HAS stops the long one (a preemption:
     SIGTERM, checkpoint, requeue, not a lost attempt), the short one runs on the freed GPU and
-    finishes first, and the long one resumes from its checkpoint, not from step 0."""
+    finishes first, and the long one resumes from its checkpoint, not from step 0.  The restart
+    costs are the pool's own (60 + 36 s until measured): by MARP's ~1 us a step the 100,000-step job
+    would have ~0.1 s left and never be worth stopping; HAS is told the step the pool measures."""
     pool.min_run_s = 2.0
-    pool.restart_s = TINY_RESTART_S
     pool.add("a", 0)
     pool.add("b", 1)
     c = pool.add("c", 0)
@@ -89,11 +91,16 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     short_rec = c.orch.store.get(short.id)
     assert short_rec.finished_at is not None
     assert short_rec.finished_at < (c.orch.store.get(long.id).finished_at or float("inf"))
-    # The coordinator measured the stop it ordered and the starts (first steps) it saw (the estimates
-    # are pinned here; how measurements move them: test_restart_models.py, test_restart_seed.py).
-    costs = pool.nodes["a"].orch.coordinator.restart
+    # The coordinator measured the stop it ordered and the starts (first steps) it saw, and tells HAS
+    # those instead of the defaults; and the long job's step, far above MARP's.
+    coord = pool.nodes["a"].orch.coordinator
+    costs = coord.restart
     await eventually(lambda: costs.starts >= 2, limit=30)
     assert costs.stops >= 1
+    assert (costs.start_s, costs.stop_s) != (DEFAULT_START_S, DEFAULT_STOP_S)
+    fit = coord.fits.for_job(long.id, None)
+    assert fit is not None
+    assert fit.extra_s > 1e-3  # a tiny CPU step takes milliseconds, not MARP's microsecond
     assert pool.nodes["a"].orch.coordinator.restart_costs()["stops_measured"] == costs.stops
     await c.orch.submitter.cancel(long.id)
     await asyncio.sleep(0.5)

@@ -26,6 +26,7 @@ from frenzyd.jobs.placement import (
     place,
     schedule,
 )
+from frenzyd.jobs.step_fit import StepFit
 
 GIB = 1 << 30
 
@@ -275,6 +276,64 @@ def test_schedule_preempts_a_long_running_job_for_a_short_one_and_keeps_its_gpus
     nearly_done = [replace(running[0], spec=trainer_spec(100_000))]
     nearly = schedule(queue, busy, now_s=100.0, running=nearly_done, policy=FrenzyPolicy(min_run_s=2.0))
     assert (nearly.preempt, nearly.pending) == ((), ())
+
+
+def test_a_measured_step_corrects_the_running_job_and_the_newcomers_of_its_model() -> None:
+    """MARP predicts the tiny model at ~1 us a step; the pool measures 50 ms.  Told the measurement,
+    HAS sees the 100,000 steps left as ~5,000 s (not ~0.1 s) and stops the job for a newcomer of the
+    same model whose 1,000 steps its model's fit prices at ~50 s, but not for one whose time, on
+    the same fit, is no shorter than what the running job has left.  The pass reports the fit."""
+    busy = [peer("b", [("T4", 16, False)])]
+    spec_ = trainer_spec(100_000)
+    plan = marp_plans(spec_, [peer("b", [("T4", 16, True)])], headroom=0.1, only_available=False)[0]
+    assert plan.step_time_s is not None
+    assert plan.step_time_s < 1e-4
+    measured = RunningInfo("long", spec_, plan, (("b", 0),), started_s=0.0, done_steps=10, step_s=0.05)
+    policy = FrenzyPolicy(min_run_s=2.0)
+    fit = StepFit.of(0.05, plan.step_time_s)
+    assert fit is not None
+    assert fit.scale == 1.0
+    assert fit.extra_s == pytest.approx(0.05, rel=0.01)
+    short = [QueuedJob("short", trainer_spec(1000), 50.0, fit=fit)]
+    sched = schedule(short, busy, now_s=1000.0, running=[measured], policy=policy)
+    assert sched.preempt == (("long", "making room for job short"),)
+    assert sched.fits == (("long", fit),)
+    as_long = [QueuedJob("short", trainer_spec(100_000), 50.0, fit=fit)]
+    assert schedule(as_long, busy, now_s=1000.0, running=[measured], policy=policy).preempt == ()
+    # Unmeasured, the prediction stands: ~0.1 s left, and nothing pays for a restart.
+    unmeasured = replace(measured, step_s=None)
+    assert schedule(short, busy, now_s=1000.0, running=[unmeasured], policy=policy).preempt == ()
+    # Between attempts the job keeps its fit: its last attempt's measurement prices it until this
+    # attempt's comes.
+    assert schedule(short, busy, now_s=1000.0, running=[replace(unmeasured, fit=fit)],
+                    policy=policy).preempt == (("long", "making room for job short"),)
+
+
+def test_an_overhead_the_model_does_not_explain_moves_no_job_and_a_plan_keeps_marps_step() -> None:
+    """A step measured above MARP's prediction is an overhead a faster GPU does not shrink: the
+    tiny job measured at 50 ms a step on a T4 stays there when an A100 frees (scaled by the
+    measurement, the A100 would look 5x faster on paper, and the job would move every pass).
+    Measured below the prediction, every plan shrinks by the factor: the job is still worth moving
+    onto the A100, and the plan it moves with carries MARP's step, not the pool's correction."""
+    spec_ = trainer_spec(1_000_000_000)
+    plan = marp_plans(spec_, [peer("b", [("T4", 16, True)])], headroom=0.1, only_available=False)[0]
+    offers = [peer("b", [("T4", 16, False)]), peer("a", [("A100-80GB", 80, True)])]
+    policy = FrenzyPolicy(min_run_s=2.0)
+    running = RunningInfo("long", spec_, plan, (("b", 0),), started_s=0.0, done_steps=10)
+    moved = schedule([], offers, now_s=1000.0, running=[running], policy=policy)
+    assert moved.preempt == (("long", "moved to a new plan by the scheduler"),)  # the model's gain
+    marp_a100 = moved.pending[0][1].plan.step_time_s
+    assert moved.pending[0][1].plan.gpu_type == "A100-80GB"
+    stays = schedule([], offers, now_s=1000.0, running=[replace(running, step_s=0.05)], policy=policy)
+    assert (stays.preempt, stays.pending) == ((), ())
+    assert stays.fits[0][1].extra_s > 0
+    assert plan.step_time_s is not None
+    faster = replace(running, step_s=plan.step_time_s / 2)
+    sched = schedule([], offers, now_s=1000.0, running=[faster], policy=policy)
+    assert sched.fits == (("long", StepFit(0.5, 0.0)),)
+    (job, pl), = sched.pending
+    assert (job, pl.plan.gpu_type) == ("long", "A100-80GB")
+    assert pl.plan.step_time_s == pytest.approx(marp_a100, rel=1e-9)
 
 
 @pytest.mark.parametrize("policy", ["fifo", "srtf", "tiresias"])
