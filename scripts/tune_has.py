@@ -77,12 +77,19 @@ FRENZY_ONLY = ("frenzy.py", "frenzy_rules.py")
 """Files of ``frenzyd/has`` that only Frenzy runs: the baselines' cached results do not depend on them."""
 
 
+SIMULATED = ("frenzyd/has", "frenzyd/marp", "frenzyd/sim", "frenzyd/errors.py", "frenzyd/gpu_types.py")
+"""What a simulated run imports and reads (MARP's plans, the simulator, the baselines, the speed model,
+the trace and cluster data; ``tests/scripts/test_tune_has.py`` checks the imports): the daemon's
+packages do not change a baseline's result, and a change to them keeps the cache."""
+
+
 def baseline_fingerprint() -> str:
-    """sha256 over what the baselines' results depend on: ``frenzyd`` (MARP's plans, the simulator, the
-    baselines, the speed model, the trace and cluster data) except Frenzy's own rules.  A cache built
-    under another fingerprint is stale and is dropped."""
+    """sha256 over what the baselines' results depend on (``SIMULATED``) except Frenzy's own rules.  A
+    cache built under another fingerprint is stale and is dropped."""
     h = hashlib.sha256()
-    for path in sorted((ROOT / "frenzyd").rglob("*")):
+    paths = [p for part in SIMULATED for p in ((ROOT / part).rglob("*") if (ROOT / part).is_dir()
+                                               else [ROOT / part])]
+    for path in sorted(paths):
         if not path.is_file() or path.suffix not in (".py", ".csv", ".toml", ".json"):
             continue
         if path.parent.name == "has" and path.name in FRENZY_ONLY:

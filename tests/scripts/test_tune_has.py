@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -92,3 +93,26 @@ def test_a_cache_built_for_other_code_is_dropped(tmp_path: Path) -> None:
     assert tune_has.load_cache(path, now)["windows"] == {"tune|0|lab-20:1:gpus": {}}
     path.write_text("not json")
     assert tune_has.load_cache(path, now)["windows"] == {}
+
+
+def test_the_fingerprint_covers_everything_a_simulated_run_imports() -> None:
+    """Every ``frenzyd`` import in the simulated packages (at module level or inside a function) stays
+    within ``SIMULATED``: a change anywhere else cannot change a baseline's result."""
+    root = ROOT
+    covered = {p.removesuffix(".py").replace("/", ".") for p in tune_has.SIMULATED}
+    outside = []
+    for part in tune_has.SIMULATED:
+        files = (root / part).rglob("*.py") if (root / part).is_dir() else [root / part]
+        for path in files:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    assert not node.level, f"{path}: a relative import this check does not resolve"
+                    names = [node.module or ""]
+                else:
+                    continue
+                outside += [f"{path.relative_to(root)}: {n}" for n in names
+                            if n.startswith("frenzyd.") and not any(n == c or n.startswith(c + ".")
+                                                                    for c in covered)]
+    assert outside == []
