@@ -166,8 +166,9 @@ class CoordinatorRole:
         self._measure_starts(v, now)
         self._start_pending(v)
         self.fits.forget(self._gone)
+        own = self.fits.jobs
         queue = [QueuedJob(q.id, q.spec, q.created_at, self._done_steps(v, q), owner=q.owner,
-                           fit=self.fits.for_job(q.id, restart_key(q.spec)))
+                           fit=own.get(q.id))
                  for q in self.table.queued() if q.id not in self._placing and q.id not in self._pending]
         movable = [self._running_info(v, r) for r in self.table.running()
                    if r.spec.keeps_checkpoints and r.plan is not None
@@ -177,7 +178,7 @@ class CoordinatorRole:
             return
         sched = await asyncio.to_thread(schedule, queue, offers, now_s=self.ctx.clock(), running=movable,
                                         policy=self.policy, restart=self.restart, refused=self._barred(now),
-                                        plan_inline=False)
+                                        plan_inline=False, model_fits=dict(self.fits.models))
         self._last_offers = offers
         for job_id, fit in sched.fits:
             if (measured := self.table.get(job_id)) is not None:
@@ -324,7 +325,7 @@ class CoordinatorRole:
         return RunningInfo(rec.id, rec.spec, rec.plan, tuple((r.peer, r.gpu_index) for r in rec.ranks),
                            rec.started_at or self.ctx.clock(), self._done_steps(v, rec), owner=rec.owner,
                            ready_s=ready, step_s=self._measured_step_s(v, rec),
-                           fit=self.fits.for_job(rec.id, restart_key(rec.spec)))
+                           fit=self.fits.jobs.get(rec.id))
 
     def _measured_step_s(self, v: ClusterView, rec: JobRecord) -> float | None:
         """The attempt's mean step as its trainer reports it, once the reported mean holds only steps

@@ -573,8 +573,8 @@ class QueuedJob:
     """The submitting user (``JobRecord.owner``): a peer that runs only its own user's jobs takes
     no one else's."""
     fit: StepFit | None = None
-    """How the pool's measurements correct MARP's step times for it (``step_fit``): its own from an
-    earlier attempt, else its model's; None: MARP's figures."""
+    """How the pool's measurements correct MARP's step times for it (``step_fit``): its own, from an
+    earlier attempt; None: its model's (``schedule``'s ``model_fits``), else MARP's figures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,7 +596,7 @@ class RunningInfo:
     ready_s: float | None = None
     step_s: float | None = None
     fit: StepFit | None = None
-    """Its fit from an earlier attempt (or its model's), until this attempt's ``step_s`` is known."""
+    """Its own fit from an earlier attempt (else its model's), until this attempt's ``step_s`` is known."""
 
 
 DEFAULT_START_S = 60.0
@@ -1041,7 +1041,7 @@ def schedule(
     queue: Sequence[QueuedJob], offers: Sequence[PeerOffer], *, now_s: float,
     headroom: float = DEFAULT_HEADROOM, running: Sequence[RunningInfo] = (), policy: Any = None,
     restart: RestartCosts | None = None, refused: Mapping[str, Container[str]] | None = None,
-    plan_inline: bool = True,
+    plan_inline: bool = True, model_fits: Mapping[str, StepFit] | None = None,
 ) -> Schedule:
     """Decide which queued jobs start now and where, and which running checkpointable jobs HAS
     stops, shrinks, grows or moves (HAS ``frenzy`` policy, or ``policy``; see module docstring).
@@ -1055,6 +1055,8 @@ def schedule(
     ``plan_inline=False``: a model job whose MARP plans are not in the plan cache is left out of the
     pass (``Schedule.planning``) instead of enumerating them here; the caller warms them
     (``warm_plans``) off the pass.
+    ``model_fits``: ``restart_key`` -> that model's latest step fit, for a job without its own
+    (``QueuedJob.fit``, ``RunningInfo.fit``; ``step_fit``).
 
     What a pass derived for a job (its candidates, HAS's view) is kept by job id and reused on the
     next pass while its inputs are the same (``_Derived``): the same values, not recomputed."""
@@ -1098,7 +1100,7 @@ def schedule(
         candidates[q.job_id] = d.cands
         derived.append((q.job_id, d))
         arrivals.append(q.arrival_s)
-        fits.append(q.fit)
+        fits.append(q.fit if q.fit is not None or not model_fits else model_fits.get(d.restart_key or ""))
     queued_n = len(derived)
     declared = {q.job_id: q.spec.steps for q in queue}
     by_key: dict[tuple[str, int], OfferedGpu] = {}
@@ -1133,7 +1135,7 @@ def schedule(
         derived.append((r.job_id, d))
         arrivals.append(r.started_s)
         runs.append((r, [Gpu(peer, idx, by_key[(peer, idx)].type) for peer, idx in r.gpus]))
-        fit = r.fit
+        fit = r.fit if r.fit is not None or not model_fits else model_fits.get(d.restart_key or "")
         if r.step_s is not None and (predicted := _running_step_s(r)):  # MARP's step on its GPUs
             peers = len({peer for peer, _ in r.gpus})
             speed = PoolSpeed(params=d.params, flops_per_step=d.flops)

@@ -112,8 +112,8 @@ def measured_step_s(progress: dict[str, Any]) -> float | None:
 
 @dataclass
 class StepFits:
-    """The coordinator's fits: each job's own (its latest measured attempt) and each model's latest.
-    Soft state of a term, as the restart costs' measurements are."""
+    """The coordinator's fits: each job's own (its latest measured attempt) and each model's latest
+    (``restart_key``), which ``placement.schedule`` uses for a job without its own."""
 
     jobs: dict[str, StepFit] = field(default_factory=dict)
     models: dict[str, StepFit] = field(default_factory=dict)
@@ -128,13 +128,6 @@ class StepFits:
             self.models[model] = fit
             while len(self.models) > MAX_FIT_MODELS:
                 del self.models[next(iter(self.models))]
-
-    def for_job(self, job_id: str, model: str | None) -> StepFit | None:
-        """The job's own fit, else its model's, else None (MARP's figures stand)."""
-        own = self.jobs.get(job_id)
-        if own is not None:
-            return own
-        return self.models.get(model) if model is not None else None
 
     def forget(self, gone: Callable[[str], bool]) -> None:
         """Drop the fits of the jobs ``gone`` says ended (finished, cancelled, forgotten)."""

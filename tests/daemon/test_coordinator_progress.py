@@ -122,11 +122,10 @@ def test_a_fit_the_pass_measured_prices_the_job_and_new_jobs_of_its_model_and_en
     rec = running(c)
     fit = StepFit(1.0, 0.5)
     c.fits.observe(rec.id, restart_key(rec.spec), fit)
-    assert c._running_info(view(None), rec).fit == fit
-    assert c.fits.for_job("other", restart_key(SPEC)) == fit  # a job of the same model
-    assert c.fits.for_job("other", "llama-2-7b") is None
+    assert c._running_info(view(None), rec).fit == fit  # its own, between attempts too
+    assert c.fits.models == {restart_key(SPEC): fit}  # for new jobs of its model (placement.schedule)
     assert c.restart_costs()["step_fits"] == {"jobs_measured": 1, "models": {"gpt2": fit.to_dict()}}
     c.table.update(step(rec, Cancel(), now=20.0))
     c.fits.forget(c._gone)
     assert c.fits.jobs == {}
-    assert c.fits.for_job("next", "gpt2") == fit  # the model's figure outlives the job
+    assert c.fits.models == {"gpt2": fit}  # the model's figure outlives the job

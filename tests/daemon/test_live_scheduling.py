@@ -98,7 +98,7 @@ async def test_a_short_job_preempts_a_long_one_which_resumes_from_its_checkpoint
     await eventually(lambda: costs.starts >= 2, limit=30)
     assert costs.stops >= 1
     assert (costs.start_s, costs.stop_s) != (DEFAULT_START_S, DEFAULT_STOP_S)
-    fit = coord.fits.for_job(long.id, None)
+    fit = coord.fits.jobs.get(long.id)
     assert fit is not None
     assert fit.extra_s > 1e-3  # a tiny CPU step takes milliseconds, not MARP's microsecond
     assert pool.nodes["a"].orch.coordinator.restart_costs()["stops_measured"] == costs.stops

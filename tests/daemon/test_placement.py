@@ -24,6 +24,7 @@ from frenzyd.jobs.placement import (
     _pack,
     marp_plans,
     place,
+    restart_key,
     schedule,
 )
 from frenzyd.jobs.step_fit import StepFit
@@ -294,19 +295,26 @@ def test_a_measured_step_corrects_the_running_job_and_the_newcomers_of_its_model
     assert fit is not None
     assert fit.scale == 1.0
     assert fit.extra_s == pytest.approx(0.05, rel=0.01)
-    short = [QueuedJob("short", trainer_spec(1000), 50.0, fit=fit)]
-    sched = schedule(short, busy, now_s=1000.0, running=[measured], policy=policy)
+    models = {restart_key(spec_): fit}  # the newcomers' model: the running job's
+    short = [QueuedJob("short", trainer_spec(1000), 50.0)]
+    sched = schedule(short, busy, now_s=1000.0, running=[measured], policy=policy, model_fits=models)
     assert sched.preempt == (("long", "making room for job short"),)
     assert sched.fits == (("long", fit),)
-    as_long = [QueuedJob("short", trainer_spec(100_000), 50.0, fit=fit)]
-    assert schedule(as_long, busy, now_s=1000.0, running=[measured], policy=policy).preempt == ()
+    as_long = [QueuedJob("short", trainer_spec(100_000), 50.0)]
+    assert schedule(as_long, busy, now_s=1000.0, running=[measured], policy=policy,
+                    model_fits=models).preempt == ()
+    assert schedule([replace(as_long[0], fit=fit)], busy, now_s=1000.0, running=[measured],
+                    policy=policy).preempt == ()  # its own fit, as its model's
+    # Without its model's fit the newcomer looks ~0.1 s long: a measurement on one side only.
+    assert schedule(as_long, busy, now_s=1000.0, running=[measured], policy=policy).preempt != ()
     # Unmeasured, the prediction stands: ~0.1 s left, and nothing pays for a restart.
     unmeasured = replace(measured, step_s=None)
     assert schedule(short, busy, now_s=1000.0, running=[unmeasured], policy=policy).preempt == ()
-    # Between attempts the job keeps its fit: its last attempt's measurement prices it until this
-    # attempt's comes.
-    assert schedule(short, busy, now_s=1000.0, running=[replace(unmeasured, fit=fit)],
-                    policy=policy).preempt == (("long", "making room for job short"),)
+    # Between attempts the job keeps its fit (or its model's): its last measurement prices it until
+    # this attempt's comes.
+    for running, told in (([replace(unmeasured, fit=fit)], None), ([unmeasured], models)):
+        assert schedule(short, busy, now_s=1000.0, running=running, policy=policy,
+                        model_fits=told).preempt == (("long", "making room for job short"),)
 
 
 def test_an_overhead_the_model_does_not_explain_moves_no_job_and_a_plan_keeps_marps_step() -> None:

@@ -57,15 +57,15 @@ def test_the_measured_step_is_the_eta_over_the_steps_left_else_the_last_step() -
         assert measured_step_s(bad) is None, bad
 
 
-def test_a_jobs_own_fit_comes_before_its_models_and_both_are_bounded() -> None:
+def test_a_job_keeps_its_own_fit_its_model_the_latest_and_both_are_bounded() -> None:
     fits = StepFits()
     a, b = StepFit(1.0, 0.1), StepFit(0.5, 0.0)
     fits.observe("j1", "gpt2", a)
     fits.observe("j2", "gpt2", b)
-    assert fits.for_job("j1", "gpt2") == a
-    assert fits.for_job("j3", "gpt2") == b  # the model's latest
-    assert fits.for_job("j3", None) is None
-    fits.forget(lambda j: j == "j1")
+    fits.observe("j3", None, b)  # no model: the job's own only
+    assert fits.jobs == {"j1": a, "j2": b, "j3": b}
+    assert fits.models == {"gpt2": b}  # the model's latest
+    fits.forget(lambda j: j in ("j1", "j3"))
     assert set(fits.jobs) == {"j2"}
     for i in range(MAX_FIT_JOBS + 3):
         fits.observe(f"x{i}", f"m{i % (MAX_FIT_MODELS + 2)}", a)
