@@ -271,18 +271,14 @@ class CoordinatorRole:
         placement's first order); an attempt that ends before its first step measures nothing."""
         for job_id in [j for j in self._stopped if self.table.get(j) is None]:
             del self._stopped[job_id]
-        for key in list(self._stop_began):  # stopped some other way (its peer lost, cancelled)
-            rec = self.table.get(key[0])
-            if rec is None or rec.state != "running" or rec.attempt != key[1]:
-                del self._stop_began[key]
-        for key in list(self._first_step):
-            rec = self.table.get(key[0])
-            if rec is None or rec.state != "running" or rec.attempt != key[1]:
-                del self._first_step[key]
-        for key in list(self._step_seen):
-            rec = self.table.get(key[0])
-            if rec is None or rec.state != "running" or rec.attempt != key[1]:
-                del self._step_seen[key]
+        # What is kept per attempt ends with it (stopped some other way too: its peer lost, cancelled).
+        per_attempt: tuple[dict[tuple[str, int], Any], ...] = (self._stop_began, self._first_step,
+                                                               self._step_seen)
+        for kept in per_attempt:
+            for key in list(kept):
+                rec = self.table.get(key[0])
+                if rec is None or rec.state != "running" or rec.attempt != key[1]:
+                    del kept[key]
         for key, began in list(self._start_began.items()):
             rec = self.table.get(key[0])
             if rec is None or rec.state != "running" or rec.attempt != key[1]:

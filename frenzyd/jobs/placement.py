@@ -825,8 +825,11 @@ def _running_step_s(r: RunningInfo) -> float | None:
     return max(MIN_STAND_IN_STEP_S, step) if r.spec.stand_in and r.plan.backend == "gloo" else step
 
 
-def _fitted(plan: Plan, fit: StepFit | None) -> Plan:
-    return plan if fit is None else fit.plan(plan)
+def _fit_for(own: StepFit | None, d: _Derived, model_fits: Mapping[str, StepFit] | None) -> StepFit | None:
+    """A job's step fit: its own, else its model's (``schedule``'s ``model_fits``), else None."""
+    if own is not None or not model_fits or d.restart_key is None:
+        return own
+    return model_fits.get(d.restart_key)
 
 
 def _fitted_step(r: RunningInfo, fit: StepFit | None) -> float | None:
@@ -1100,7 +1103,7 @@ def schedule(
         candidates[q.job_id] = d.cands
         derived.append((q.job_id, d))
         arrivals.append(q.arrival_s)
-        fits.append(q.fit if q.fit is not None or not model_fits else model_fits.get(d.restart_key or ""))
+        fits.append(_fit_for(q.fit, d, model_fits))
     queued_n = len(derived)
     declared = {q.job_id: q.spec.steps for q in queue}
     by_key: dict[tuple[str, int], OfferedGpu] = {}
@@ -1135,7 +1138,7 @@ def schedule(
         derived.append((r.job_id, d))
         arrivals.append(r.started_s)
         runs.append((r, [Gpu(peer, idx, by_key[(peer, idx)].type) for peer, idx in r.gpus]))
-        fit = r.fit if r.fit is not None or not model_fits else model_fits.get(d.restart_key or "")
+        fit = _fit_for(r.fit, d, model_fits)
         if r.step_s is not None and (predicted := _running_step_s(r)):  # MARP's step on its GPUs
             peers = len({peer for peer, _ in r.gpus})
             speed = PoolSpeed(params=d.params, flops_per_step=d.flops)
@@ -1154,10 +1157,9 @@ def schedule(
     running_jobs = tuple(
         # step time: the measured one, else MARP's (paced for a stand-in); the plan and every other
         # plan of the job corrected by its fit, so HAS weighs its time here and elsewhere alike
-        RunningJob(job=v, plan=_fitted(_has_plan(r.plan), fit_of.get(r.job_id)), gpus=tuple(g),
-                   started_s=r.started_s, step_time_s=r.step_s or _fitted_step(r, fit_of.get(r.job_id)),
-                   ready_s=r.ready_s)
-        for v, (r, g) in zip(run_views, runs, strict=True)
+        RunningJob(job=v, plan=_has_plan(r.plan) if f is None else f.plan(_has_plan(r.plan)), gpus=tuple(g),
+                   started_s=r.started_s, step_time_s=r.step_s or _fitted_step(r, f), ready_s=r.ready_s)
+        for v, (r, g), f in zip(run_views, runs, fits[queued_n:], strict=True)
     )
     types = tuple(GpuTypeSpec(t, m, _speed(t)) for t, m in sorted(type_mem.items()))
     snapshot = Snapshot(now_s=now_s, reason="arrival", cluster=Cluster(types, tuple(sorted(all_gpus))),

@@ -4,9 +4,9 @@ HAS prices every decision in time left: a running job's remaining steps times it
 a queued job's or a move's remaining steps times the step time there.  The pool measures the first
 (the trainer reports the mean of its last 10 steps); MARP predicts the others.  Telling HAS the
 measured time here and the predicted time there would compare a measurement with a prediction: a
-job whose prediction is 10,000x too fast (the tests' tiny model: ~1 µs predicted, tens of ms
-measured) would look 10,000x faster anywhere else and be moved every pass, and a queued job of the
-same model would look nearly free next to it.  So a measurement corrects the job's every plan, the
+job whose prediction is far too fast (the tests' tiny model: ~1 µs predicted, ~0.1 s measured on
+CPU gloo ranks) would look as much faster anywhere else and be moved every pass, and a queued job of
+the same model would look nearly free next to it.  So a measurement corrects the job's every plan, the
 same way (``StepFit``):
 
 * measured above the prediction (the common case: launch, data loading, Python and communication
