@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""How low could any schedule take the average JCT of a ``bench_sched.py`` run?  A lower bound per window.
+
+The alone limit (every job on its fastest plan at once, ``sim.jobs.limit_jct_s``)
+ignores that jobs share the pool: on an overloaded window it sits near a
+tenth of what any policy reaches, so it cannot tell a scheduler that is near
+the best possible from one that is far.  This script solves a time-indexed
+linear relaxation of the scheduling problem per window of a ``bench_sched``
+JSON (``--out``) and reports, per cell, the bound beside every policy's
+average JCT: how much of the gain over the best baseline was there to take.
+
+**The relaxation.**  Time from the first job's earliest progress to ``H``
+(the latest completion of any policy in the run) is cut into slots at
+``--slots`` even steps and at every job's earliest progress (its arrival
+plus its first start-up cost, ``sim.preemption.DEFAULT``), and one tail
+slot runs from ``H`` to ``H`` + 10 spans.  In each slot a job time-shares
+among its plans (``x``: the fraction of the slot on each; at most 1 in all);
+on GPU type ``t`` the plans' GPUs, ``Σ n·x``, are at most the type's GPUs;
+each job's progress, ``Σ x·Δ/(steps·step_time)``, sums to 1.  A plan's step
+time is the packed one (one peer: what the speed model charges at best), on
+the plans MARP found feasible and the simulator does not fail for memory,
+pruned to each type's upper concave hull of (GPUs, speed) (time-sharing two
+hull plans does at least as well as a plan below the hull).  Relaxed:
+GPUs are divisible, a job may use several types at once, stops and moves
+are free, and tensor groups may span peers.
+
+**Why it bounds the average JCT.**  Let a job's progress run at most at its
+fastest plan's rate ``ρ`` and end at its completion ``C``.  Its mean busy
+time ``M`` (the progress-weighted mean of the times its progress happens) is
+at most ``C − 1/(2ρ)`` (the latest it can be is all progress at full rate just
+before ``C``), and ``C`` is at least its earliest progress plus ``1/ρ``.  The
+LP counts progress at its slot's start, so its ``M`` is at most the real one;
+minimising ``Σ C`` with ``C ≥ M + 1/(2ρ)`` and ``C ≥ earliest + 1/ρ`` is a
+lower bound on ``Σ C`` of every schedule that places MARP's plans and ends by
+the end of the tail slot (that is every policy of the run, FIFO's ZeRO-3
+user plans aside: the script reports any policy below the bound as an
+error).  The slot length limits how tight it is (each job's ``M`` may be
+under-counted by up to one slot), not whether it holds.
+
+    PYTHONPATH=. python scripts/jct_bound.py --from bench-results/sched_final.json --cells lab-20
+    PYTHONPATH=. python scripts/jct_bound.py --from /tmp/bench_sched_tiny.json --json /tmp/bound.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_sched
+
+from frenzyd.has.interface import Cluster
+from frenzyd.sim import jobs as sim_jobs
+from frenzyd.sim.mapping import map_jobs
+from frenzyd.sim.model import SimJob
+from frenzyd.sim.preemption import DEFAULT, PreemptionModel
+from frenzyd.sim.simulator import plan_fits
+from frenzyd.sim.trace import parse_philly_csv, split_window
+
+TAIL_SPANS = 10.0
+"""The tail slot's length in spans of the window (``H`` − the first earliest progress)."""
+BASELINES = ("sia", "gavel", "tiresias", "fifo")
+"""The baselines the issue's 18 % target is measured against (``bench_sched``'s ``target``)."""
+REFERENCES = ("srtf", "srtf-wide")
+
+
+class ReportMismatch(Exception):
+    """The report's jobs are not the ones this code makes for its cells (it comes from other code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """One plan a job may run in the relaxation: its type's index, its GPUs, its progress per second."""
+
+    type_index: int
+    gpus: int
+    rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    avg_jct_s: float
+    """The lower bound on the average JCT (seconds)."""
+    slot_s: float
+    """The even slots' length: how much a job's mean busy time may be under-counted."""
+    variables: int
+    solve_s: float
+
+
+def job_rates(
+    job: SimJob, counts: dict[str, int], speed_of: dict[str, float], types: Sequence[str]
+) -> list[Rate]:
+    """The job's plans that could complete it, as progress rates, pruned per type to the upper concave hull
+    of (GPUs, rate) through the origin."""
+    best: dict[tuple[str, int], float] = {}
+    for p in job.plans:
+        if p.gpu_type not in counts or p.gpus > counts[p.gpu_type] or not plan_fits(job, p):
+            continue
+        step = min(p.step_time_s, job.speed.step_time_s(p, speed_of[p.gpu_type], 1))
+        rate = 1.0 / (job.total_steps * step)
+        key = (p.gpu_type, p.gpus)
+        best[key] = max(best.get(key, 0.0), rate)
+    out: list[Rate] = []
+    for ti, t in enumerate(types):
+        hull: list[tuple[int, float]] = [(0, 0.0)]
+        for n, r in sorted((n, r) for (tt, n), r in best.items() if tt == t):
+            if r <= hull[-1][1]:
+                continue  # more GPUs for no more speed
+            while len(hull) >= 2:
+                (n1, r1), (n2, r2) = hull[-2], hull[-1]
+                if (r2 - r1) * (n - n1) <= (r - r1) * (n2 - n1):
+                    hull.pop()  # on or below the chord to the new point: a mix of the two does as well
+                else:
+                    break
+            hull.append((n, r))
+        out.extend(Rate(ti, n, r) for n, r in hull[1:])
+    return out
+
+
+def lower_bound(
+    jobs: Sequence[SimJob],
+    cluster: Cluster,
+    *,
+    horizon_s: float,
+    slots: int = 300,
+    marks: Sequence[float] = (),
+    preemption: PreemptionModel = DEFAULT,
+) -> Bound:
+    """The LP bound on the average JCT of ``jobs`` on ``cluster`` (module docstring) for schedules that end by
+    ``horizon_s`` plus the tail slot.  ``marks``: more slot edges (a policy's completion times: where the
+    action is, the slots are short)."""
+    if not jobs:
+        return Bound(0.0, 0.0, 0, 0.0)
+    counts = Counter(g.gpu_type for g in cluster.gpus)
+    speed_of = {t.name: t.speed for t in cluster.types}
+    types = sorted(counts)
+    earliest: list[float] = []
+    fastest: list[float] = []
+    rates: list[list[Rate]] = []
+    for j in jobs:
+        rs = job_rates(j, counts, speed_of, types)
+        if not rs:
+            raise ValueError(f"job {j.job_id} has no plan that fits the cluster: no schedule completes it")
+        rates.append(rs)
+        fastest.append(max(r.rate for r in rs))
+        earliest.append(j.arrival_s + preemption.restart_s(j.speed.restart_cost_s, resumed=False))
+    t0 = min(earliest)
+    c_low = [e + 1.0 / f for e, f in zip(earliest, fastest, strict=True)]
+    end = max(horizon_s, *c_low)
+    even = np.linspace(t0, end, slots + 1)
+    extra = np.array([m for m in marks if t0 < m < end], dtype=float)
+    edges = np.unique(np.concatenate([even, np.array(earliest), extra]))
+    edges = np.append(edges, end + TAIL_SPANS * (end - t0))
+    starts, lengths = edges[:-1], np.diff(edges)
+    n_slots, n_jobs, n_types = len(starts), len(jobs), len(types)
+
+    job_of: list[np.ndarray] = []
+    slot_of: list[np.ndarray] = []
+    gpus_of: list[np.ndarray] = []
+    type_of: list[np.ndarray] = []
+    rate_of: list[np.ndarray] = []
+    for k, rs in enumerate(rates):
+        first = int(np.searchsorted(starts, earliest[k] - 1e-9))
+        span = np.arange(first, n_slots)
+        for r in rs:
+            slot_of.append(span)
+            job_of.append(np.full(len(span), k))
+            gpus_of.append(np.full(len(span), float(r.gpus)))
+            type_of.append(np.full(len(span), r.type_index))
+            rate_of.append(np.full(len(span), r.rate))
+    s = np.concatenate(slot_of)
+    j = np.concatenate(job_of)
+    n = np.concatenate(gpus_of)
+    t = np.concatenate(type_of)
+    progress = np.concatenate(rate_of) * lengths[s]
+    nx = len(s)
+    x = np.arange(nx)
+    c_cols = nx + np.arange(n_jobs)
+    # Rows: each job's share of each slot ≤ 1; each type's GPUs in each slot; each job's M + 1/(2ρ) ≤ C.
+    share_rows = j * n_slots + s
+    gpu_rows = n_jobs * n_slots + t * n_slots + s
+    busy_base = n_jobs * n_slots + n_types * n_slots
+    a_ub = coo_matrix(
+        (
+            np.concatenate([np.ones(nx), n, progress * starts[s], -np.ones(n_jobs)]),
+            (
+                np.concatenate([share_rows, gpu_rows, busy_base + j, busy_base + np.arange(n_jobs)]),
+                np.concatenate([x, x, x, c_cols]),
+            ),
+        ),
+        shape=(busy_base + n_jobs, nx + n_jobs),
+    ).tocsr()
+    b_ub = np.concatenate([
+        np.ones(n_jobs * n_slots),
+        np.repeat(np.array([float(counts[tt]) for tt in types]), n_slots),
+        -0.5 / np.array(fastest),
+    ])
+    a_eq = coo_matrix((progress, (j, x)), shape=(n_jobs, nx + n_jobs)).tocsr()
+    cost = np.concatenate([np.zeros(nx), np.ones(n_jobs)])
+    finish = preemption.finish_s
+    bounds = [(0.0, None)] * nx + [(lo, None) for lo in c_low]
+    began = time.perf_counter()
+    res = linprog(
+        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n_jobs), bounds=bounds, method="highs-ipm"
+    )
+    solve_s = time.perf_counter() - began
+    if res.status != 0:
+        raise RuntimeError(f"the bound's LP did not solve: {res.message}")
+    total = float(res.fun) + finish * n_jobs - sum(jb.arrival_s for jb in jobs)
+    return Bound(total / n_jobs, (end - t0) / slots, nx, solve_s)
+
+
+# ----------------------------------------------------------------------------- a bench_sched report
+
+
+def cell_name(c: dict[str, Any]) -> str:
+    return f"{c['cluster']}:{c['load']:g}:{c['mapping']}"
+
+
+def cell_jobs(c: dict[str, Any], trace: list[Any], clusters: dict[str, Cluster]) -> list[SimJob]:
+    """The jobs of one cell-window of a bench_sched report, made again the way bench_sched makes them, and
+    checked against the report's own job list (ids and arrivals)."""
+    window = split_window(trace, c["config_jobs"], c["seed"], c["split"])
+    jobs, _ = sim_jobs.prepare_jobs(
+        map_jobs(window, c["mapping"], c["seed"]), clusters[c["cluster"]], sim_jobs.MarpPlanSource(),
+        load=c["load"],
+    )
+    listed = next(iter(c["jobs_per_policy"].values()))
+    mine = sorted((jb.job_id, round(jb.arrival_s, 3)) for jb in jobs)
+    theirs = sorted((o["id"], round(o["arrival_s"], 3)) for o in listed)
+    if mine != theirs:
+        raise ReportMismatch(
+            f"{cell_name(c)} seed {c['seed']}: the jobs made now differ from the report's "
+            f"({len(mine)} against {len(theirs)}): the report comes from other code; rerun bench_sched"
+        )
+    return jobs
+
+
+def solve_cell(task: tuple[dict[str, Any], int]) -> dict[str, Any]:
+    c, slots = task
+    trace = parse_philly_csv((bench_sched.DATA / "philly.csv").read_text())
+    clusters = bench_sched.clusters(False)
+    jobs = cell_jobs(c, trace, clusters)
+    horizon = max(
+        o["finish_s"] for outs in c["jobs_per_policy"].values() for o in outs if o["state"] == "completed"
+    )
+    best = min(
+        (p for p, v in c["policies"].items() if v["failed"] == 0), key=lambda p: c["policies"][p]["avg_jct_s"]
+    )
+    marks = [o["finish_s"] for o in c["jobs_per_policy"][best] if o["state"] == "completed"]
+    b = lower_bound(jobs, clusters[c["cluster"]], horizon_s=horizon, slots=slots, marks=marks)
+    return {
+        "cell": cell_name(c),
+        "seed": c["seed"],
+        "bound": asdict(b),
+        "limit_avg_jct_s": c["limit"]["avg_jct_s"],
+        "policies": {p: v["avg_jct_s"] for p, v in c["policies"].items()},
+        "completed_all": {p: v["failed"] == 0 for p, v in c["policies"].items()},
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per cell (seed means, as bench_sched scores a cell): the bound, each policy's multiple of it, and how
+    much of the gain over the best complete baseline any schedule could take."""
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault(r["cell"], []).append(r)
+    out = []
+    for cell, rs in by_cell.items():
+        bound = statistics.fmean(r["bound"]["avg_jct_s"] for r in rs)
+        pols = {p: statistics.fmean(r["policies"][p] for r in rs) for p in rs[0]["policies"]}
+        complete = [p for p in BASELINES if p in pols and all(r["completed_all"][p] for r in rs)]
+        best = min(complete, key=lambda p: pols[p]) if complete else None
+        row: dict[str, Any] = {
+            "cell": cell,
+            "windows": len(rs),
+            "bound_avg_jct_s": bound,
+            "limit_avg_jct_s": statistics.fmean(r["limit_avg_jct_s"] for r in rs),
+            "policies_avg_jct_s": pols,
+            "x_bound": {p: v / bound for p, v in pols.items()},
+            "below_bound": sorted(
+                f"{p} seed {r['seed']}" for r in rs for p, v in r["policies"].items()
+                if r["completed_all"][p] and v < r["bound"]["avg_jct_s"] * (1 - 1e-9)
+            ),
+            "slot_s": max(r["bound"]["slot_s"] for r in rs),
+            "solve_s": sum(r["bound"]["solve_s"] for r in rs),
+        }
+        if best is not None:
+            row["best_baseline"] = best
+            row["most_any_gain"] = 1.0 - bound / pols[best]
+            if "frenzy" in pols:
+                row["frenzy_gain"] = 1.0 - pols["frenzy"] / pols[best]
+                gap = pols[best] - bound
+                row["frenzy_share_of_possible"] = (pols[best] - pols["frenzy"]) / gap if gap > 0 else None
+        out.append(row)
+    return out
+
+
+def print_table(cells: list[dict[str, Any]]) -> None:
+    print(
+        "\n| cell | windows | alone limit h | LP bound h | frenzy (x bound) | best baseline (x bound) "
+        "| srtf-wide (x bound) | most any schedule gains over it | frenzy gains | share taken |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    def cellv(r: dict[str, Any], p: str | None) -> str:
+        pols = r["policies_avg_jct_s"]
+        if p is None or p not in pols:
+            return "—"
+        return f"{p} {pols[p] / 3600:.2f} ({r['x_bound'][p]:.2f})"
+
+    for r in cells:
+        share = r.get("frenzy_share_of_possible")
+        print(
+            f"| {r['cell']} | {r['windows']} | {r['limit_avg_jct_s'] / 3600:.2f} "
+            f"| {r['bound_avg_jct_s'] / 3600:.2f} "
+            f"| {cellv(r, 'frenzy')} | {cellv(r, r.get('best_baseline'))} | {cellv(r, 'srtf-wide')} "
+            f"| {r.get('most_any_gain', float('nan')):.1%} | {r.get('frenzy_gain', float('nan')):.1%} "
+            f"| {'—' if share is None else f'{share:.0%}'} |"
+        )
+    for r in cells:
+        if r["below_bound"]:
+            print(f"ERROR {r['cell']}: below the bound: {', '.join(r['below_bound'])} (a modelling mismatch)")
+
+
+def report_progress(results: Iterable[dict[str, Any]], total: int) -> list[dict[str, Any]]:
+    rows = []
+    for k, row in enumerate(results, 1):
+        rows.append(row)
+        b = row["bound"]
+        print(
+            f"[{k}/{total}] {row['cell']} seed {row['seed']}: bound {b['avg_jct_s'] / 3600:.2f} h "
+            f"({b['variables']} variables, {b['solve_s']:.0f} s)", flush=True,
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from", dest="report", required=True, type=Path, help="a bench_sched.py --out JSON")
+    ap.add_argument(
+        "--cells", nargs="*", default=None,
+        help="cluster names or CLUSTER:LOAD:MAPPING cells to bound (default: every cell of the report)",
+    )
+    ap.add_argument("--slots", type=int, default=300, help="even time slots per window (default 300)")
+    ap.add_argument(
+        "--processes", type=int, default=2, help="windows solved at once (default 2; 1: in this process)"
+    )
+    ap.add_argument("--json", type=Path, default=None, help="write the per-window bounds and the cell table")
+    args = ap.parse_args(argv)
+    if args.slots < 1:
+        ap.error("--slots must be at least 1")
+    try:
+        report = json.loads(args.report.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--from {args.report}: {e}") from None
+    config = report.get("config", {})
+    tasks = []
+    for c in report.get("jct_cells", []):
+        if args.cells and c["cluster"] not in args.cells and cell_name(c) not in args.cells:
+            continue
+        if "jobs_per_policy" not in c:
+            raise SystemExit(f"--from {args.report}: {cell_name(c)} has no per-job list; rerun bench_sched")
+        task = dict(c, config_jobs=config.get("jobs", 160))
+        task.setdefault("split", config.get("split", "validation"))
+        tasks.append((task, args.slots))
+    if not tasks:
+        raise SystemExit("no cell to bound (check --cells against the report's cells)")
+    began = time.perf_counter()
+    try:
+        if args.processes <= 1:
+            results = map(solve_cell, tasks)
+            rows = report_progress(results, len(tasks))
+        else:
+            with get_context("spawn").Pool(args.processes) as pool:
+                rows = report_progress(pool.imap_unordered(solve_cell, tasks), len(tasks))
+    except ReportMismatch as e:
+        raise SystemExit(f"--from {args.report}: {e}") from None
+    rows.sort(key=lambda r: (r["cell"], r["seed"]))
+    cells = summarise(rows)
+    print_table(cells)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "from": str(args.report), "report_commit": report.get("git_commit"), "split": config.get("split"),
+            "slots": args.slots, "wall_s": time.perf_counter() - began, "cells": cells, "windows": rows,
+        }, indent=1))
+    return 1 if any(r["below_bound"] for r in cells) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""scripts/jct_bound.py: the LP bound is exact where the answer is known, and no policy of a run beats it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_sched  # noqa: E402
+import jct_bound  # noqa: E402
+
+from frenzyd.has.registry import load_policy  # noqa: E402
+from frenzyd.sim import jobs as sim_jobs  # noqa: E402
+from frenzyd.sim.cluster import parse_cluster_toml  # noqa: E402
+from frenzyd.sim.mapping import map_jobs  # noqa: E402
+from frenzyd.sim.preemption import DEFAULT  # noqa: E402
+from frenzyd.sim.run import run_policies  # noqa: E402
+from frenzyd.sim.trace import parse_philly_csv, split_window  # noqa: E402
+
+LAB = bench_sched.clusters(True)["lab-20"]
+ONE_GPU = parse_cluster_toml('[[nodes]]\nname = "ws"\ngpus = { A100-80GB = 1 }\n')
+
+
+@pytest.fixture(scope="module")
+def trace() -> list:
+    return parse_philly_csv((bench_sched.DATA / "philly.csv").read_text())
+
+
+def window_jobs(trace: list, cluster, n: int, load: float, window: int = 0) -> list:
+    jobs, _ = sim_jobs.prepare_jobs(
+        map_jobs(split_window(trace, n, window, "tune"), "gpus", window), cluster, sim_jobs.MarpPlanSource(),
+        load=load,
+    )
+    return jobs
+
+
+def test_a_job_alone_is_bounded_by_exactly_its_time_alone(trace: list) -> None:
+    job = window_jobs(trace, LAB, 30, 1.0)[0]
+    b = jct_bound.lower_bound([job], LAB, horizon_s=job.arrival_s + 10 * sim_jobs.alone_jct_s(job))
+    assert b.avg_jct_s == pytest.approx(sim_jobs.alone_jct_s(job), rel=1e-6)
+
+
+def test_two_jobs_on_one_gpu_are_bounded_by_running_one_after_the_other(trace: list) -> None:
+    # One GPU, two copies of a job arriving together: one runs first, the other after it.  The fluid bound
+    # is the start-up plus 1.5x the run (the second job's start-up overlaps the first's run in the
+    # relaxation, so the bound sits half a start-up below the 1.5x start-up of any real schedule).
+    job = next(j for j in window_jobs(trace, ONE_GPU, 30, 1.0) if j.total_steps > 0)
+    twin = dataclasses.replace(job, job_id=job.job_id + "-twin")
+    r0 = DEFAULT.restart_s(job.speed.restart_cost_s, resumed=False)
+    run = sim_jobs.alone_jct_s(job) - job.speed.restart_cost_s
+    horizon = job.arrival_s + 3 * (r0 + run)
+    b = jct_bound.lower_bound([job, twin], ONE_GPU, horizon_s=horizon, slots=400)
+    exact = r0 + 1.5 * run
+    slot = (horizon - job.arrival_s) / 400
+    assert exact - slot <= b.avg_jct_s <= exact * (1 + 1e-6)
+    # A real schedule: both policies pay the second start-up in full.
+    _, results = run_policies([load_policy("srtf")], [job, twin], ONE_GPU, seed=0, clock=time.perf_counter)
+    avg = sum(o.end_s - o.arrival_s for o in results[0].outcomes) / 2
+    assert avg == pytest.approx(1.5 * r0 + 1.5 * run, rel=1e-6)
+    assert b.avg_jct_s < avg
+
+
+def test_no_policy_of_a_loaded_window_beats_the_bound_and_it_beats_the_alone_limit(trace: list) -> None:
+    jobs = window_jobs(trace, LAB, 40, 3.0, window=3)  # alone 0.28 h on average, frenzy 0.48 h, srtf 1.22 h
+    names = ("frenzy", "sia", "srtf", "srtf-wide", "tiresias", "gavel")
+    _, results = run_policies(
+        [load_policy(p, sia_time_limit_s=2.0) for p in names], jobs, LAB, seed=0, clock=time.perf_counter
+    )
+    horizon = max(o.end_s for r in results for o in r.outcomes if o.state == "completed")
+    best = min(results, key=lambda r: sum(o.end_s for o in r.outcomes))
+    b = jct_bound.lower_bound(jobs, LAB, horizon_s=horizon, slots=150, marks=[o.end_s for o in best.outcomes])
+    limit = sim_jobs.limit_jct_s(jobs)
+    assert b.avg_jct_s > 1.1 * limit  # contention the alone limit cannot see (here 1.19x)
+    for r in results:
+        done = [o.end_s - o.arrival_s for o in r.outcomes if o.state == "completed"]
+        assert len(done) == len(jobs), r.name
+        assert sum(done) / len(done) >= b.avg_jct_s, r.name
+
+
+def test_plans_under_the_hull_are_dropped_and_the_fastest_is_kept(trace: list) -> None:
+    job = max(window_jobs(trace, LAB, 30, 1.0), key=lambda j: len(j.plans))
+    counts = {"A100-80GB": 2, "T4": 8}
+    speed_of = {t.name: t.speed for t in LAB.types}
+    rates = jct_bound.job_rates(job, counts, speed_of, sorted(counts))
+    assert rates, "the job fits these types"
+    for ti in {r.type_index for r in rates}:
+        hull = [(0, 0.0)] + [(r.gpus, r.rate) for r in rates if r.type_index == ti]
+        # Strictly concave: each added GPU buys less than the one before.
+        slopes = [(r2 - r1) / (n2 - n1) for (n1, r1), (n2, r2) in itertools.pairwise(hull)]
+        assert all(a > b for a, b in itertools.pairwise(slopes))
+    fastest = 1.0 / (job.total_steps * min(p.step_time_s for p in job.plans if p.gpu_type in counts))
+    assert max(r.rate for r in rates) == pytest.approx(fastest)
+
+
+def test_a_report_from_other_jobs_is_refused_with_what_to_do(tmp_path: Path, trace: list) -> None:
+    report = tmp_path / "r.json"
+    out = tmp_path / "o.json"
+    assert bench_sched.main(["--tiny", "--out", str(report)]) == 0
+    args = ["--from", str(report), "--slots", "50", "--processes", "1"]
+    assert jct_bound.main([*args, "--json", str(out)]) == 0
+    body = json.loads(out.read_text())
+    (cell,) = body["cells"]
+    assert cell["bound_avg_jct_s"] >= cell["limit_avg_jct_s"] * (1 - 1e-9)
+    assert cell["below_bound"] == []  # every policy that completed every job (FIFO fails some: not counted)
+    assert cell["x_bound"]["frenzy"] >= 1
+    assert cell["x_bound"]["sia"] >= 1
+    data = json.loads(report.read_text())
+    data["jct_cells"][0]["jobs_per_policy"]["frenzy"][0]["arrival_s"] += 1.0
+    for outs in data["jct_cells"][0]["jobs_per_policy"].values():
+        outs[0]["arrival_s"] = data["jct_cells"][0]["jobs_per_policy"]["frenzy"][0]["arrival_s"]
+    report.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="rerun bench_sched"):
+        jct_bound.main(["--from", str(report), "--processes", "1"])
+    with pytest.raises(SystemExit, match="no cell"):
+        jct_bound.main(["--from", str(report), "--cells", "alibaba-64", "--processes", "1"])
