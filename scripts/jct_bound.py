@@ -152,13 +152,13 @@ def lower_bound(
     earliest: list[float] = []
     fastest: list[float] = []
     rates: list[list[Rate]] = []
-    for j in jobs:
-        rs = job_rates(j, counts, speed_of, types)
+    for job in jobs:
+        rs = job_rates(job, counts, speed_of, types)
         if not rs:
-            raise ValueError(f"job {j.job_id} has no plan that fits the cluster: no schedule completes it")
+            raise ValueError(f"job {job.job_id} has no plan that fits the cluster: no schedule completes it")
         rates.append(rs)
         fastest.append(max(r.rate for r in rs))
-        earliest.append(j.arrival_s + preemption.restart_s(j.speed.restart_cost_s, resumed=False))
+        earliest.append(job.arrival_s + preemption.restart_s(job.speed.restart_cost_s, resumed=False))
     t0 = min(earliest)
     c_low = [e + 1.0 / f for e, f in zip(earliest, fastest, strict=True)]
     end = max(horizon_s, *c_low)
