@@ -94,6 +94,8 @@ class Rate:
 
 @dataclass(frozen=True, slots=True)
 class Bound:
+    """A window's lower bound and what solving it took."""
+
     avg_jct_s: float
     """The lower bound on the average JCT (seconds)."""
     slot_s: float
