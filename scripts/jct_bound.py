@@ -21,8 +21,9 @@ time is the packed one (one peer: what the speed model charges at best), on
 the plans MARP found feasible and the simulator does not fail for memory,
 pruned to each type's upper concave hull of (GPUs, speed) (time-sharing two
 hull plans does at least as well as a plan below the hull).  Relaxed:
-GPUs are divisible, a job may use several types at once, stops and moves
-are free, and tensor groups may span peers.
+within a slot, jobs and plans take turns on the GPUs at no cost (GPUs
+divisible in time, stops and moves free; a job still runs one plan at a
+time, so never faster than its fastest), and tensor groups may span peers.
 
 **Why it bounds the average JCT.**  Let a job's progress run at most at its
 fastest plan's rate ``ρ`` and end at its completion ``C``.  Its mean busy
