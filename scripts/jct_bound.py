@@ -11,9 +11,10 @@ average JCT: how much of the gain over the best baseline was there to take.
 
 **The relaxation.**  Time from the first job's earliest progress to ``H``
 (the latest completion of any policy in the run) is cut into slots at
-``--slots`` even steps and at every job's earliest progress (its arrival
-plus its first start-up cost, ``sim.preemption.DEFAULT``), and one tail
-slot runs from ``H`` to ``H`` + 10 spans.  In each slot a job time-shares
+``--slots`` even steps, at every job's earliest progress (its arrival
+plus its first start-up cost, ``sim.preemption.DEFAULT``) and at the
+completions of the run's best policy (short slots where jobs end), and one
+tail slot runs from ``H`` to ``H`` + 10 spans.  In each slot a job time-shares
 among its plans (``x``: the fraction of the slot on each; at most 1 in all);
 on GPU type ``t`` the plans' GPUs, ``Σ n·x``, are at most the type's GPUs;
 each job's progress, ``Σ x·Δ/(steps·step_time)``, sums to 1.  A plan's step
