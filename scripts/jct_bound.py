@@ -46,6 +46,7 @@ under-counted by up to one slot), not whether it holds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -76,9 +77,8 @@ from frenzyd.sim.trace import parse_philly_csv, split_window
 
 TAIL_SPANS = 10.0
 """The tail slot's length in spans of the window (``H`` − the first earliest progress)."""
-BASELINES = ("sia", "gavel", "tiresias", "fifo")
-"""The baselines the issue's 18 % target is measured against (``bench_sched``'s ``target``)."""
-REFERENCES = ("srtf", "srtf-wide")
+BASELINES = bench_sched.BASELINES
+"""The baselines the issue's 18 % target is measured against."""
 
 
 class ReportMismatch(Exception):
@@ -236,12 +236,14 @@ def cell_name(c: dict[str, Any]) -> str:
     return f"{c['cluster']}:{c['load']:g}:{c['mapping']}"
 
 
-def cell_jobs(c: dict[str, Any], trace: list[Any], clusters: dict[str, Cluster]) -> list[SimJob]:
+def cell_jobs(
+    c: dict[str, Any], trace: list[Any], clusters: dict[str, Cluster], source: sim_jobs.PlanSource
+) -> list[SimJob]:
     """The jobs of one cell-window of a bench_sched report, made again the way bench_sched makes them, and
     checked against the report's own job list (ids and arrivals)."""
     window = split_window(trace, c["config_jobs"], c["seed"], c["split"])
     jobs, _ = sim_jobs.prepare_jobs(
-        map_jobs(window, c["mapping"], c["seed"]), clusters[c["cluster"]], sim_jobs.MarpPlanSource(),
+        map_jobs(window, c["mapping"], c["seed"]), clusters[c["cluster"]], source,
         load=c["load"],
     )
     listed = next(iter(c["jobs_per_policy"].values()))
@@ -255,11 +257,18 @@ def cell_jobs(c: dict[str, Any], trace: list[Any], clusters: dict[str, Cluster])
     return jobs
 
 
+@functools.cache
+def _inputs() -> tuple[list[Any], dict[str, Cluster], sim_jobs.PlanSource]:
+    """The trace, the clusters and MARP's plan source (its plans cached across windows), made once per
+    process: a worker solves several windows."""
+    trace = parse_philly_csv((bench_sched.DATA / "philly.csv").read_text())
+    return trace, bench_sched.clusters(False), sim_jobs.MarpPlanSource()
+
+
 def solve_cell(task: tuple[dict[str, Any], int]) -> dict[str, Any]:
     c, slots = task
-    trace = parse_philly_csv((bench_sched.DATA / "philly.csv").read_text())
-    clusters = bench_sched.clusters(False)
-    jobs = cell_jobs(c, trace, clusters)
+    trace, clusters, source = _inputs()
+    jobs = cell_jobs(c, trace, clusters, source)
     horizon = max(
         o["finish_s"] for outs in c["jobs_per_policy"].values() for o in outs if o["state"] == "completed"
     )
