@@ -76,9 +76,18 @@ class PeerTable:
                coordinator: str | None, live: bool, now: float) -> tuple[PeerRecord, bool]:
         """What the membership protocol says of a peer: its identity, election view and whether it
         is live.  Its report stays the last one a heartbeat brought (empty if none did).  Returns
-        the record and whether it is newly live."""
+        the record and whether it is newly live.
+
+        The address stays the one a heartbeat came from while that heartbeat is recent: two
+        daemons with one identity each gossip their own address under one node id, and taking the
+        protocol's word would flip the record between them, so that the impostor's heartbeats
+        (its report without the real node's leases) were accepted and orders went to it.  The
+        protocol's address is taken once the heartbeats at the old one stopped (a node restarted
+        elsewhere)."""
         old = self._peers.get(node_id)
         was = old is not None and self.is_alive(node_id, now)
+        if old is not None and old.address and self.heard_lately(old, now):
+            address = old.address
         rec = PeerRecord(
             node_id=node_id, name=name, address=address, priority=priority, term=term,
             coordinator=coordinator, report=old.report if old is not None else HeartbeatReport(),

@@ -13,7 +13,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from frenzyd.errors import PeerError
+from frenzyd.errors import AuthError, PeerError
 from frenzyd.net import auth, tls, wire
 from frenzyd.net.election import ElectionState, Role
 from frenzyd.net.messages import Heartbeat
@@ -366,6 +366,29 @@ def test_peer_table_liveness_and_revival() -> None:
     rec, revived = t.heard(hb, 20.0)  # came back after a silence: a new life
     assert revived
     assert rec.first_seen == 20.0
+
+
+def test_membership_gossip_never_moves_a_node_heard_at_another_address() -> None:
+    """Two daemons with one identity: the membership protocol carries each one's address in turn.
+    While heartbeats come from the first, its address stands, so the second's heartbeats stay
+    refused and orders keep going to the first (a fresh-clone CI run placed a second attempt on
+    such a twin while the first still ran)."""
+    t = PeerTable(timeout_s=2.0)
+    real = Heartbeat(node_id="p", name="p", address="h:1", priority=0, term=1, coordinator="c")
+    twin = Heartbeat(node_id="p", name="p", address="h:2", priority=0, term=1, coordinator="c")
+    t.heard(real, 10.0)
+    rec, _ = t.member("p", name="p", address="h:2", priority=0, term=1, coordinator="c", live=True, now=10.5)
+    assert rec.address == "h:1"
+    with pytest.raises(AuthError, match="live at h:1"):
+        t.heard(twin, 11.0)
+    rec, revived = t.heard(real, 11.5)
+    assert rec.address == "h:1"
+    assert not revived
+    # Heartbeats at h:1 stopped: the protocol's address is taken (a node restarted elsewhere).
+    rec, _ = t.member("p", name="p", address="h:2", priority=0, term=2, coordinator="c", live=True, now=14.0)
+    assert rec.address == "h:2"
+    rec, _ = t.heard(twin, 14.5)
+    assert rec.address == "h:2"
 
 
 def test_address_book_backs_off_and_dials_one_address_per_node() -> None:
