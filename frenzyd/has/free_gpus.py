@@ -46,6 +46,28 @@ def peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
     return 0
 
 
+def reach(fullest: list[tuple[int, str]], tp: int) -> list[int]:
+    """GPUs in whole tp groups on the first 1, 2, … peers of ``fullest`` (stopping at the first peer
+    without a whole group): :func:`peers_needed` for any ``n`` by bisection (:func:`peers_within`)."""
+    out: list[int] = []
+    got = 0
+    for neg, _ in fullest:
+        c = -neg
+        if c < tp:
+            break
+        got += (c // tp) * tp
+        out.append(got)
+    return out
+
+
+def peers_within(reached: list[int], n: int, tp: int) -> int:
+    """:func:`peers_needed` from the type's :func:`reach`: O(log P)."""
+    if n <= 0 or n % tp:
+        return 0  # whole tp groups only: a count that is not a multiple of tp is never reached
+    i = bisect.bisect_left(reached, n)
+    return i + 1 if i < len(reached) else 0
+
+
 class Chunk(NamedTuple):
     """What one placement takes from one peer: the peer's free GPUs before, the ones taken, the rest."""
 
@@ -106,13 +128,15 @@ class FreeGpus:
     method keeps ``by_type`` and ``count`` in step.
     """
 
-    __slots__ = ("by_type", "count", "fullest_of")
+    __slots__ = ("by_type", "count", "fullest_of", "reach_of")
 
     def __init__(self, free: Iterable[Gpu]) -> None:
         self.by_type: dict[str, dict[str, list[Gpu]]] = {}
         self.count: dict[str, int] = {}
         self.fullest_of: dict[str, list[tuple[int, str]]] = {}
         """The per-type lists :meth:`fullest` built (read only; a type missing: call :meth:`fullest`)."""
+        self.reach_of: dict[tuple[str, int], list[int]] = {}
+        """:func:`reach` of a type's ``fullest`` list per tp degree, dropped with any change of the type."""
         by_type = self.by_type
         count = self.count
         # Runs of one peer and type (a snapshot lists GPUs by peer), grouped in C: O(G), few steps.
@@ -147,7 +171,18 @@ class FreeGpus:
     def peers_for(self, gpu_type: str, n: int, tp: int) -> int:
         """Peers a pick of ``n`` GPUs of the type (tp groups inside peers) spans; 0: not there."""
         fullest = self.fullest(gpu_type)
-        return 1 if fullest and -fullest[0][0] >= n else peers_needed(fullest, n, tp)
+        if fullest and -fullest[0][0] >= n:
+            return 1
+        reached = self.reach_of.get((gpu_type, tp))
+        if reached is None:
+            reached = self.reach_of[(gpu_type, tp)] = reach(fullest, tp)
+        return peers_within(reached, n, tp)
+
+    def _changed(self, gpu_type: str) -> None:
+        """The type's free GPUs changed: its reach lists no longer hold."""
+        if self.reach_of:
+            for key in [k for k in self.reach_of if k[0] == gpu_type]:
+                del self.reach_of[key]
 
     def place(self, plan: Plan) -> list[Gpu] | None:
         """Take GPUs for ``plan`` as :func:`pick_packed` picks them (from the sorted peers); None if short."""
@@ -160,6 +195,7 @@ class FreeGpus:
         if chunks is None:
             return None
         take_chunks(by_peer, fullest, chunks)
+        self._changed(t)
         gpus = [g for c in chunks for g in c.taken]
         self.count[t] -= len(gpus)
         return gpus
@@ -182,14 +218,19 @@ class FreeGpus:
                 del by_peer[peer]
         self.count[gpu_type] -= len(gpus)
         self.fullest_of.pop(gpu_type, None)
+        self._changed(gpu_type)
 
     def give(self, gpus: Iterable[Gpu]) -> None:
         """Make ``gpus`` (a running job's, given up) free."""
+        types: set[str] = set()
         for g in gpus:
             t = g.gpu_type
             self.by_type.setdefault(t, {}).setdefault(g.peer, []).append(g)
             self.count[t] = self.count.get(t, 0) + 1
+            types.add(t)
+        for t in types:
             self.fullest_of.pop(t, None)
+            self._changed(t)
 
     def hand_over(self, released: list[Gpu], plan: Plan) -> list[Gpu] | None:
         """GPUs for ``plan`` from its type's free GPUs plus ``released`` (a running job's, of that type).

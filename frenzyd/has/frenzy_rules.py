@@ -359,7 +359,7 @@ def cheapest_plan(rnd: Round, job: JobView, shape: PlanShape, gamma: float) -> t
             if cost > best_c or (cost == best_c and n > best_n):
                 continue  # cannot win: the real cost is at least the packed one
             if n > biggest:  # not on one peer: the real cost, over the peers it would span
-                peers = peers_needed(fullest, n, plan.tp)
+                peers = free.peers_for(t, n, plan.tp)
                 if peers == 0:
                     continue
                 cost = job.speed.step_time_s(plan, rnd.speeds[t], peers) * n**gamma
@@ -660,7 +660,12 @@ def _grow_plan(
                     per_peer = free.fullest(t)
                 counts[t] = per_peer
             # As pick_packed: one peer when one holds it (tp groups then fit), else fullest first.
-            peers = 1 if per_peer and -per_peer[0][0] >= n else peers_needed(per_peer, n, plan.tp)
+            if per_peer and -per_peer[0][0] >= n:
+                peers = 1
+            elif own:
+                peers = peers_needed(per_peer, n, plan.tp)
+            else:
+                peers = free.peers_for(t, n, plan.tp)
             if peers == 0:
                 continue
             left = restart + job.remaining_steps * job.speed.step_time_s(plan, speeds[t], peers)
@@ -709,20 +714,24 @@ def grow(rnd: Round, avail: dict[str, int], skip: set[str] | frozenset[str] = fr
             continue
         plan = best[1]
         t = plan.gpu_type
-        pool = free.by_type.get(t, {})  # pick_packed only reads it
         if t == run.plan.gpu_type:  # its own GPUs count as free: a copy, new lists for their peers
-            pool = dict(pool)
+            pool = dict(free.by_type.get(t, {}))
             for g in run.gpus:
                 pool[g.peer] = [*pool.get(g.peer, ()), g]
-        chosen = pick_packed(pool, plan.gpus, plan.tp)
-        if chosen is None:  # cannot happen: the counts above said so
-            continue
+            chosen = pick_packed(pool, plan.gpus, plan.tp)
+            if chosen is None:  # cannot happen: the counts above said so
+                continue
+            mine = set(run.gpus)
+            taken = set(chosen)
+            new = [g for g in chosen if g not in mine]
+            free.take(t, new)
+        else:  # pick_packed's choice from the index's sorted peers, taken in place (no re-sort)
+            picked = free.place(plan)
+            if picked is None:  # cannot happen: the counts above said so
+                continue
+            chosen, taken, new = picked, set(picked), picked
         moves.append(Placement(run.job.job_id, plan, tuple(chosen)))
-        mine = set(run.gpus)
-        taken = set(chosen)
-        new = [g for g in chosen if g not in mine]
-        free.take(t, new)
-        avail[t] -= len(taken - mine)
+        avail[t] -= len(new)
         given = [g for g in run.gpus if g not in taken]
         free.give(given)
         for g in given:

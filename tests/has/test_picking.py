@@ -1,14 +1,17 @@
-"""GPU picking: pick_packed against a spelled-out rule; Frenzy's sorted peer index against pick_packed."""
+"""GPU picking: pick_packed against a spelled-out rule; Frenzy's sorted peer index (and its peer counts)
+against pick_packed."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from frenzyd.has.free_gpus import FreeGpus
 from frenzyd.has.free_gpus import fullest_first as _fullest_first
 from frenzyd.has.free_gpus import pick_ordered as _pick_ordered
 from frenzyd.has.free_gpus import take_chunks as _take
 from frenzyd.has.interface import Gpu, pick_packed
+from frenzyd.marp.spec import Plan
 
 # Free GPUs of one type: per peer (names that sort in a different order than they are drawn), 0-8 each.
 free_maps = st.dictionaries(
@@ -70,3 +73,35 @@ def test_sorted_peer_index_picks_as_pick_packed_and_stays_sorted(
             left_free = {g for gs in by_peer.values() for g in gs}
             taken = {g for c in chunks for g in c.taken}
             assert left_free == {g for gs in before.values() for g in gs} - taken
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    free_maps,
+    st.lists(st.tuples(st.sampled_from(["ask", "place", "take", "give"]), st.integers(1, 24),
+                       st.sampled_from([1, 2, 4])), max_size=12),
+)
+def test_index_peer_counts_match_the_pick_through_every_change(
+    spec: dict[str, list[int]], ops: list[tuple[str, int, int]]
+) -> None:
+    """``FreeGpus.peers_for`` (cached per type and tp degree) counts the peers pick_packed's choice spans,
+    after any mix of placements, takes and gives: a cache that outlived a change would miscount."""
+    free = FreeGpus(g for gs in _by_peer(spec).values() for g in sorted(gs))
+    out: list[Gpu] = []
+    for op, ask, tp in ops:
+        n = -(-ask // tp) * tp
+        pool = {p: list(gs) for p, gs in free.by_type.get("T4", {}).items()}
+        expected = pick_packed(pool, n, tp)
+        assert free.peers_for("T4", n, tp) == (0 if expected is None else len({g.peer for g in expected}))
+        if op == "place" and expected is not None:
+            plan = Plan(gpu_type="T4", gpus=n, dp=n // tp, tp=tp, pp=1, zero=3, micro_batch=1, grad_accum=1,
+                        bytes_per_gpu=1, gpu_memory_bytes=2, step_time_s=1.0)
+            got = free.place(plan)
+            assert got == expected
+            out += got or []
+        elif op == "take" and expected is not None:
+            free.take("T4", expected)
+            out += expected
+        elif op == "give" and out:
+            back, out = out[:ask], out[ask:]
+            free.give(back)
