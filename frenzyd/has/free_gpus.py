@@ -46,26 +46,25 @@ def peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
     return 0
 
 
-def reach(fullest: list[tuple[int, str]], tp: int) -> list[int]:
-    """GPUs in whole tp groups on the first 1, 2, … peers of ``fullest`` (stopping at the first peer
-    without a whole group): :func:`peers_needed` for any ``n`` by bisection (:func:`peers_within`)."""
-    out: list[int] = []
-    got = 0
-    for neg, _ in fullest:
-        c = -neg
-        if c < tp:
-            break
-        got += (c // tp) * tp
-        out.append(got)
-    return out
-
-
-def peers_within(reached: list[int], n: int, tp: int) -> int:
-    """:func:`peers_needed` from the type's :func:`reach`: O(log P)."""
+def peers_within(reached: list[int], fullest: list[tuple[int, str]], n: int, tp: int) -> int:
+    """:func:`peers_needed` with memory: ``reached[i]`` holds the GPUs in whole tp groups on the first
+    ``i + 1`` peers of ``fullest``; the list is extended only as far as ``n`` needs (as the walk
+    would go) and answers every smaller count by bisection."""
     if n <= 0 or n % tp:
         return 0  # whole tp groups only: a count that is not a multiple of tp is never reached
-    i = bisect.bisect_left(reached, n)
-    return i + 1 if i < len(reached) else 0
+    if not reached or reached[-1] < n:
+        got = reached[-1] if reached else 0
+        for i in range(len(reached), len(fullest)):
+            c = -fullest[i][0]
+            if c < tp:
+                break  # descending: no later peer holds a whole tp group either
+            got += (c // tp) * tp
+            reached.append(got)
+            if got >= n:
+                break
+        if not reached or reached[-1] < n:
+            return 0
+    return bisect.bisect_left(reached, n) + 1
 
 
 class Chunk(NamedTuple):
@@ -136,7 +135,8 @@ class FreeGpus:
         self.fullest_of: dict[str, list[tuple[int, str]]] = {}
         """The per-type lists :meth:`fullest` built (read only; a type missing: call :meth:`fullest`)."""
         self.reach_of: dict[tuple[str, int], list[int]] = {}
-        """:func:`reach` of a type's ``fullest`` list per tp degree, dropped with any change of the type."""
+        """Per type and tp degree, :func:`peers_within`'s counts over the type's ``fullest`` list (as far
+        as asked so far), dropped with any change of the type."""
         by_type = self.by_type
         count = self.count
         # Runs of one peer and type (a snapshot lists GPUs by peer), grouped in C: O(G), few steps.
@@ -175,8 +175,8 @@ class FreeGpus:
             return 1
         reached = self.reach_of.get((gpu_type, tp))
         if reached is None:
-            reached = self.reach_of[(gpu_type, tp)] = reach(fullest, tp)
-        return peers_within(reached, n, tp)
+            reached = self.reach_of[(gpu_type, tp)] = []
+        return peers_within(reached, fullest, n, tp)
 
     def _changed(self, gpu_type: str) -> None:
         """The type's free GPUs changed: its reach lists no longer hold."""
