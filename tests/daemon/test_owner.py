@@ -153,7 +153,7 @@ def test_owner_busy_moves_a_trainer_job_through_its_checkpoint_and_refuses_stran
             d.start()
         wait_until(lambda: full_mesh(daemons), 60, "a full mesh")
         out = cli("run", "--daemon", daemons[0].address, "--model", "tiny.json", "--data", "corpus.txt",
-                  "--seq-len", "16", "--global-batch", "8", "--steps", "500", "--dtype", "fp32",
+                  "--seq-len", "16", "--global-batch", "8", "--steps", "2000", "--dtype", "fp32",
                   "--checkpoint-every", "10", "--detach", "--json", cwd=work, timeout=120)
         job_id = json.loads(out.strip().splitlines()[-1])["job"]
         running = wait_until(lambda: (j := _job(daemons[0], job_id)) and j["state"] == "running"
@@ -177,7 +177,7 @@ def test_owner_busy_moves_a_trainer_job_through_its_checkpoint_and_refuses_stran
         results = tmp_path / "results"
         cli("results", job_id, "--daemon", daemons[0].address, "--out", str(results), timeout=120)
         summary = json.loads(next(results.rglob("summary.json")).read_text())
-        assert summary["steps_done"] == 500
+        assert summary["steps_done"] == 2000
         assert summary["resumed_from_steps"][0] >= 20  # from the checkpoint written when the owner came
         cli("owner", "idle", "--daemon", host.address, timeout=60)
         st = host.status()
