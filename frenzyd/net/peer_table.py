@@ -80,8 +80,8 @@ class PeerTable:
 
         The address stays the one a heartbeat came from while that heartbeat is recent: two
         daemons with one identity each gossip their own address under one node id, and taking the
-        protocol's word would flip the record between them, so that the impostor's heartbeats
-        (its report without the real node's leases) were accepted and orders went to it.  The
+        protocol's word would flip the record between them: the impostor's heartbeats (its report
+        without the real node's leases) would be accepted and orders would go to it.  The
         protocol's address is taken once the heartbeats at the old one stopped (a node restarted
         elsewhere)."""
         old = self._peers.get(node_id)
