@@ -29,27 +29,13 @@ def peers_needed(fullest: list[tuple[int, str]], n: int, tp: int) -> int:
     ``fullest``: (-free GPUs, peer) per peer of one type, fullest first.  The
     same count as picking the GPUs, without building the lists: O(peers used).
     """
-    got = 0
-    used = 0
-    for neg, _ in fullest:
-        c = -neg
-        take = min((c // tp) * tp, n - got)
-        take = (take // tp) * tp
-        if take <= 0:
-            if c < tp:
-                break  # descending: no later peer holds a whole tp group either
-            continue
-        got += take
-        used += 1
-        if got == n:
-            return used
-    return 0
+    return peers_within([], fullest, n, tp)
 
 
 def peers_within(reached: list[int], fullest: list[tuple[int, str]], n: int, tp: int) -> int:
-    """:func:`peers_needed` with memory: ``reached[i]`` holds the GPUs in whole tp groups on the first
-    ``i + 1`` peers of ``fullest``; the list is extended only as far as ``n`` needs (as the walk
-    would go) and answers every smaller count by bisection."""
+    """:func:`peers_needed` with memory (the walk itself): ``reached[i]`` holds the GPUs in whole tp
+    groups on the first ``i + 1`` peers of ``fullest``; the list is extended only as far as ``n``
+    needs and answers every smaller count by bisection."""
     if n <= 0 or n % tp:
         return 0  # whole tp groups only: a count that is not a multiple of tp is never reached
     if not reached or reached[-1] < n:
