@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+from frenzyd.has.free_gpus import FreeTracker
 from frenzyd.has.frenzy_rules import (
     AGING,
     GAMMA,
@@ -68,6 +69,7 @@ class FrenzyPolicy:
         """Least time a job runs on a placement before HAS may shrink, move or upgrade it (the live
         pool's ``scheduler.min_run_s``; the simulator keeps the tuned default)."""
         self._shapes = Shapes()
+        self._free = FreeTracker()  # the free-GPU index, changed by each round's difference
         self._totals: tuple[Cluster, dict[str, int]] | None = None
         # (job, start, plan) -> (its GPUs, step time there): a placement's speed does not change.
         self._placed: dict[tuple[str, float, Plan], tuple[tuple[Gpu, ...], float]] = {}
@@ -97,7 +99,13 @@ class FrenzyPolicy:
 
     def decide(self, snapshot: Snapshot, rng: random.Random) -> Decision:
         del rng
-        rnd = Round(snapshot, self._shapes, min_run_s=self.min_run_s, step_of=self._placed_step_s)
+        rnd = Round(
+            snapshot,
+            self._shapes,
+            min_run_s=self.min_run_s,
+            step_of=self._placed_step_s,
+            free=self._free.index(snapshot.free),
+        )
         if not snapshot.queued:
             return Decision(placements=tuple(grow(rnd, dict(rnd.free.count))))
         order = order_queue(rnd, snapshot.queued)

@@ -84,12 +84,15 @@ class Round:
         *,
         min_run_s: float,
         step_of: Callable[[RunningJob, dict[str, float]], float],
+        free: FreeGpus | None = None,
     ) -> None:
         cluster = snapshot.cluster
         self.now = snapshot.now_s
         self.memory = {t.name: t.memory_bytes for t in cluster.types}
         self.speeds = {t.name: t.speed for t in cluster.types}
-        self.free = FreeGpus(snapshot.free)
+        self.free = FreeGpus(snapshot.free) if free is None else free
+        """The free GPUs, changed as the rules take and give them (``free``: the caller's index of
+        ``snapshot.free``, e.g. from a :class:`~frenzyd.has.free_gpus.FreeTracker`)."""
         self.shapes_of = shapes
         self.min_run_s = min_run_s
         self.lefts: list[tuple[float, str, RunningJob]] = []

@@ -1,12 +1,12 @@
 """GPU picking: pick_packed against a spelled-out rule; Frenzy's sorted peer index (and its peer counts)
-against pick_packed."""
+against pick_packed; the index kept between rounds against one built afresh."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzyd.has.free_gpus import FreeGpus
+from frenzyd.has.free_gpus import FreeGpus, FreeTracker
 from frenzyd.has.free_gpus import fullest_first as _fullest_first
 from frenzyd.has.free_gpus import pick_ordered as _pick_ordered
 from frenzyd.has.free_gpus import take_chunks as _take
@@ -105,3 +105,43 @@ def test_index_peer_counts_match_the_pick_through_every_change(
         elif op == "give" and out:
             back, out = out[:ask], out[ask:]
             free.give(back)
+
+
+# A pool of 3 types on 5 peers; each round frees a subset of it, drawn as GPU positions.
+_POOL = [Gpu(peer, i, t)
+         for peer, t in (("a", "T4"), ("b", "T4"), ("c", "A100"), ("d", "V100"), ("e", "A100"))
+         for i in range(4)]
+rounds = st.lists(st.lists(st.integers(0, len(_POOL) - 1), unique=True, max_size=len(_POOL)), max_size=8)
+
+
+def _content(free: FreeGpus) -> tuple[dict[str, dict[str, set[Gpu]]], dict[str, int]]:
+    """What an index holds, its lists' order aside (every pick sorts)."""
+    return {t: {p: set(gs) for p, gs in by_peer.items()} for t, by_peer in free.by_type.items()}, free.count
+
+
+@settings(max_examples=300, deadline=None)
+@given(rounds, st.data())
+def test_tracker_index_equals_a_fresh_build_whatever_the_last_round_did(
+    picks: list[list[int]], data: st.DataObject
+) -> None:
+    """Each round's index from :class:`FreeTracker` holds exactly that round's free GPUs, as a fresh
+    ``FreeGpus`` does, however the round before changed its own index (places, takes, gives): the
+    per-peer lists the two share must never change in place."""
+    tracker = FreeTracker()
+    for pick in picks:
+        free = tuple(sorted(_POOL[i] for i in pick))  # a snapshot lists GPUs by peer
+        # New but equal GPU objects: the difference is by value, not identity.
+        if data.draw(st.booleans()):
+            free = tuple(Gpu(g.peer, g.index, g.gpu_type) for g in free)
+        got = tracker.index(free)
+        assert _content(got) == _content(FreeGpus(free))
+        # The round uses its index as Frenzy's rules do; none of it may leak into the next round.
+        for t in sorted(got.by_type):
+            n = data.draw(st.integers(0, got.count[t]))
+            plan = Plan(gpu_type=t, gpus=n, dp=n, tp=1, pp=1, zero=3, micro_batch=1, grad_accum=1,
+                        bytes_per_gpu=1, gpu_memory_bytes=2, step_time_s=1.0)
+            taken = got.place(plan) if n else None
+            if taken and data.draw(st.booleans()):
+                got.give(taken[:1])
+        held = [g for g in _POOL if g not in free][:2]
+        got.give(held)
