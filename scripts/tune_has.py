@@ -73,8 +73,9 @@ _SOURCE: list[Any] = []
 """Per worker process: the parsed trace, the clusters and one MARP plan source (its fit cache shared by
 every window the worker runs, as ``bench_sched`` shares one)."""
 
-FRENZY_ONLY = ("frenzy.py", "frenzy_rules.py")
-"""Files of ``frenzyd/has`` that only Frenzy runs: the baselines' cached results do not depend on them."""
+FRENZY_ONLY = ("frenzy.py", "frenzy_rules.py", "free_gpus.py", "plan_shape.py")
+"""Files of ``frenzyd/has`` that only Frenzy runs: the baselines' cached results do not depend on them
+(``tests/scripts/test_tune_has.py`` checks that no other simulated module imports them)."""
 
 
 SIMULATED = ("frenzyd/has", "frenzyd/marp", "frenzyd/sim", "frenzyd/errors.py", "frenzyd/gpu_types.py")

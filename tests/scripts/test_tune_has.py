@@ -116,3 +116,22 @@ def test_the_fingerprint_covers_everything_a_simulated_run_imports() -> None:
                             if n.startswith("frenzyd.") and not any(n == c or n.startswith(c + ".")
                                                                     for c in covered)]
     assert outside == []
+
+
+def test_only_frenzy_imports_the_files_the_fingerprint_leaves_out() -> None:
+    """A module of ``FRENZY_ONLY`` imported by a baseline (or the simulator) would change its results
+    without changing the fingerprint, and a stale cache would be scored as fresh.  The registry imports
+    Frenzy's class only to name it: a baseline's run executes none of its code."""
+    only = {"frenzyd.has." + name.removesuffix(".py") for name in tune_has.FRENZY_ONLY}
+    users = []
+    for part in tune_has.SIMULATED:
+        files = (ROOT / part).rglob("*.py") if (ROOT / part).is_dir() else [ROOT / part]
+        for path in files:
+            if path.parent.name == "has" and path.name in (*tune_has.FRENZY_ONLY, "registry.py"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module in only:
+                    users.append(f"{path.relative_to(ROOT)}: {node.module}")
+                elif isinstance(node, ast.Import):
+                    users += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in only]
+    assert users == []
