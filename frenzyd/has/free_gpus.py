@@ -118,15 +118,13 @@ class FreeGpus:
     __slots__ = ("by_type", "count", "fullest_of", "reach_of")
 
     @classmethod
-    def sharing(cls, by_type: dict[str, dict[str, list[Gpu]]], count: dict[str, int]) -> FreeGpus:
-        """An index over ``by_type`` and ``count`` (copied as dicts; the per-peer lists are shared, which
-        is safe because no method changes a list in place)."""
-        self = cls.__new__(cls)
-        self.by_type = {t: dict(by_peer) for t, by_peer in by_type.items()}
-        self.count = dict(count)
-        self.fullest_of = {}
-        self.reach_of = {}
-        return self
+    def sharing(cls, other: FreeGpus) -> FreeGpus:
+        """An index of ``other``'s free GPUs: its dicts copied, its per-peer lists shared (safe: no method
+        changes a list in place)."""
+        index = cls(())
+        index.by_type = {t: dict(by_peer) for t, by_peer in other.by_type.items()}
+        index.count = dict(other.count)
+        return index
 
     def __init__(self, free: Iterable[Gpu]) -> None:
         self.by_type: dict[str, dict[str, list[Gpu]]] = {}
@@ -267,12 +265,12 @@ class FreeTracker:
     of the dicts or lists (every pick sorts or breaks ties by name).
     """
 
-    __slots__ = ("_by_type", "_count", "_free")
+    __slots__ = ("_base", "_free")
 
     def __init__(self) -> None:
         self._free: set[Gpu] = set()
-        self._by_type: dict[str, dict[str, list[Gpu]]] = {}
-        self._count: dict[str, int] = {}
+        self._base = FreeGpus(())
+        """The last round's free GPUs; never handed out (a round gets :meth:`FreeGpus.sharing` of it)."""
 
     def index(self, free: Iterable[Gpu]) -> FreeGpus:
         """The index of this round's free GPUs (the caller's to change)."""
@@ -280,37 +278,19 @@ class FreeTracker:
         now = set(free)
         gone = self._free - now
         came = now - self._free
-        if len(gone) + len(came) > len(now) // 2:
-            fresh = FreeGpus(free)
-            self._by_type, self._count = fresh.by_type, fresh.count
-            self._free = now
-            return FreeGpus.sharing(self._by_type, self._count)
-        by_type = self._by_type
-        count = self._count
-        if gone:
-            per: dict[tuple[str, str], set[Gpu]] = {}
-            for g in gone:
-                per.setdefault((g.gpu_type, g.peer), set()).add(g)
-            for (t, peer), mine in per.items():
-                by_peer = by_type[t]
-                rest = [g for g in by_peer[peer] if g not in mine]
-                if rest:
-                    by_peer[peer] = rest
-                else:
-                    del by_peer[peer]
-                count[t] -= len(mine)
-                if not by_peer:  # as a fresh build: only types with a free GPU
-                    del by_type[t], count[t]
-        if came:
-            add: dict[tuple[str, str], list[Gpu]] = {}
-            for g in came:
-                add.setdefault((g.gpu_type, g.peer), []).append(g)
-            for (t, peer), new in add.items():
-                on_type = by_type.get(t)
-                if on_type is None:
-                    on_type = by_type[t] = {}
-                    count[t] = 0
-                on_type[peer] = [*on_type.get(peer, ()), *new]
-                count[t] += len(new)
         self._free = now
-        return FreeGpus.sharing(by_type, count)
+        if len(gone) + len(came) > len(now) // 2:
+            self._base = FreeGpus(free)
+            return FreeGpus.sharing(self._base)
+        base = self._base
+        if gone:
+            per_type: dict[str, list[Gpu]] = {}
+            for g in gone:
+                per_type.setdefault(g.gpu_type, []).append(g)
+            for t, gs in per_type.items():
+                base.take(t, gs)
+                if not base.count[t]:  # as a fresh build: only types with a free GPU
+                    del base.by_type[t], base.count[t]
+        if came:
+            base.give(came)
+        return FreeGpus.sharing(base)
