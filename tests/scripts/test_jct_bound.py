@@ -108,10 +108,14 @@ def test_a_report_from_other_jobs_is_refused_with_what_to_do(tmp_path: Path, tra
     assert jct_bound.main([*args, "--json", str(out)]) == 0
     body = json.loads(out.read_text())
     (cell,) = body["cells"]
-    assert cell["bound_avg_jct_s"] >= cell["limit_avg_jct_s"] * (1 - 1e-9)
+    assert cell["lp_avg_jct_s"] >= cell["limit_avg_jct_s"] * (1 - 1e-9)  # on the lab pool the LP is tighter
+    assert cell["bound_avg_jct_s"] == pytest.approx(cell["lp_avg_jct_s"])
     assert cell["below_bound"] == []  # every policy that completed every job (FIFO fails some: not counted)
     assert cell["x_bound"]["frenzy"] >= 1
     assert cell["x_bound"]["sia"] >= 1
+    saved = out.read_text()
+    assert jct_bound.main(["--render", str(out)]) == 0  # the table again from the saved windows, no LP
+    assert json.loads(out.read_text()) == json.loads(saved)
     data = json.loads(report.read_text())
     for outs in data["jct_cells"][0]["jobs_per_policy"].values():
         outs[0]["arrival_s"] += 1.0  # one job arrives a second later than this code makes it
@@ -120,3 +124,38 @@ def test_a_report_from_other_jobs_is_refused_with_what_to_do(tmp_path: Path, tra
         jct_bound.main(["--from", str(report), "--processes", "1"])
     with pytest.raises(SystemExit, match="no cell"):
         jct_bound.main(["--from", str(report), "--cells", "alibaba-64", "--processes", "1"])
+
+
+def _window(seed: int, lp_s: float, limit_s: float, policies: dict[str, float]) -> dict:
+    return {
+        "cell": "alibaba-256:1:gpus", "seed": seed, "limit_avg_jct_s": limit_s, "policies": policies,
+        "completed_all": dict.fromkeys(policies, True),
+        "bound": {"avg_jct_s": lp_s, "slot_s": 60.0, "variables": 10, "solve_s": 1.0},
+    }
+
+
+def test_a_window_whose_lp_is_below_the_alone_limit_is_bounded_by_the_limit() -> None:
+    # The LP charges one-peer step times, so where a job's real placement spans peers it can undercut the
+    # alone limit; both are lower bounds, and the larger one is the bound.
+    rows = [
+        _window(0, lp_s=900.0, limit_s=1000.0, policies={"frenzy": 1500.0, "sia": 2000.0}),
+        _window(1, lp_s=1200.0, limit_s=1100.0, policies={"frenzy": 1800.0, "sia": 2400.0}),
+    ]
+    (cell,) = jct_bound.summarise(rows)
+    assert cell["bound_avg_jct_s"] == pytest.approx((1000.0 + 1200.0) / 2)
+    assert cell["lp_avg_jct_s"] == pytest.approx((900.0 + 1200.0) / 2)
+    assert cell["x_bound"]["frenzy"] == pytest.approx(1650.0 / 1100.0)
+    assert cell["most_any_gain"] == pytest.approx(1 - 1100.0 / 2200.0)
+    assert cell["below_bound"] == []
+    rows[0]["policies"]["frenzy"] = 950.0  # above the LP, below the alone limit: a modelling mismatch
+    (cell,) = jct_bound.summarise(rows)
+    assert cell["below_bound"] == ["frenzy seed 0"]
+
+
+def test_render_refuses_a_file_it_did_not_write(tmp_path: Path) -> None:
+    other = tmp_path / "report.json"
+    other.write_text(json.dumps({"jct_cells": []}))
+    with pytest.raises(SystemExit, match="not a jct_bound --json"):
+        jct_bound.main(["--render", str(other)])
+    with pytest.raises(SystemExit, match="not a jct_bound --json"):
+        jct_bound.main(["--render", str(tmp_path / "missing.json")])
