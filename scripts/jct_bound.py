@@ -382,10 +382,9 @@ def render(path: Path) -> int:
     rewrite the file's cells; 1 if a policy is below the bound, as a solving run."""
     try:
         body = json.loads(path.read_text())
-        rows = body["windows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        cells = summarise(body["windows"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"--render {path}: not a jct_bound --json ({e!r})") from None
-    cells = summarise(rows)
     print_table(cells)
     body["cells"] = cells
     path.write_text(json.dumps(body, indent=1))

@@ -159,3 +159,6 @@ def test_render_refuses_a_file_it_did_not_write(tmp_path: Path) -> None:
         jct_bound.main(["--render", str(other)])
     with pytest.raises(SystemExit, match="not a jct_bound --json"):
         jct_bound.main(["--render", str(tmp_path / "missing.json")])
+    other.write_text(json.dumps({"windows": [{"cell": "lab-20:1:gpus"}]}))  # a window without its figures
+    with pytest.raises(SystemExit, match="not a jct_bound --json"):
+        jct_bound.main(["--render", str(other)])
