@@ -18,9 +18,12 @@ tail slot runs from ``H`` to ``H`` + 10 spans.  In each slot a job time-shares
 among its plans (``x``: the fraction of the slot on each; at most 1 in all);
 on GPU type ``t`` the plans' GPUs, ``Σ n·x``, are at most the type's GPUs;
 each job's progress, ``Σ x·Δ/(steps·step_time)``, sums to 1.  A plan's step
-time is the packed one (one peer: what the speed model charges at best), on
-the plans MARP found feasible and the simulator does not fail for memory,
-pruned to each type's upper concave hull of (GPUs, speed) (time-sharing two
+time is the speed model's on the fewest peers that hold it (peers of the
+type's largest size): every placement spans at least that many, and the
+model's step time depends on the peers only through whether there is more
+than one, so no placement runs faster.  The plans are those MARP found
+feasible and the simulator does not fail for memory, pruned to each
+type's upper concave hull of (GPUs, speed) (time-sharing two
 hull plans does at least as well as a plan below the hull).  Relaxed:
 within a slot, jobs and plans take turns on the GPUs at no cost (GPUs
 divisible in time, stops and moves free; a job still runs one plan at a
@@ -40,10 +43,12 @@ error).  The slot length limits how tight it is (each job's ``M`` may be
 under-counted by up to one slot), not whether it holds.
 
 **The bound reported** per window is the larger of the LP's and the alone
-limit: the LP runs every plan at its one-peer step time, so where a job's
-fastest real placement spans peers (Alibaba's 2-GPU nodes) the job alone
-can be slower than anything the LP charges it, and the alone limit is then
-the tighter of two lower bounds.  ``lp_avg_jct_s`` keeps the LP's own.
+limit, two lower bounds.  Each job's floor in the LP (its earliest progress
+plus its run on its fastest plan) is at least its time alone, so the LP is
+never the smaller now; it was in 3 of the 256-GPU windows while the LP
+charged every plan its one-peer step time (until 2026-12-04: on Alibaba's
+2-GPU nodes most plans span peers, and the LP ran them faster than any
+placement can).  ``lp_avg_jct_s`` keeps the LP's own.
 ``--render`` prints the table again from a saved ``--json`` (and rewrites its
 cells) without solving anything.
 
@@ -76,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_sched
 
-from frenzyd.has.interface import Cluster
+from frenzyd.has.interface import Cluster, packed_peers
 from frenzyd.sim import jobs as sim_jobs
 from frenzyd.sim.mapping import map_jobs
 from frenzyd.sim.model import SimJob
@@ -116,15 +121,20 @@ class Bound:
 
 
 def job_rates(
-    job: SimJob, counts: dict[str, int], speed_of: dict[str, float], types: Sequence[str]
+    job: SimJob,
+    counts: dict[str, int],
+    speed_of: dict[str, float],
+    per_peer: dict[str, int],
+    types: Sequence[str],
 ) -> list[Rate]:
     """The job's plans that could complete it, as progress rates, pruned per type to the upper concave hull
-    of (GPUs, rate) through the origin."""
+    of (GPUs, rate) through the origin.  A plan's rate is the speed model's at the fewest peers of
+    ``per_peer`` GPUs (the type's largest peer) that hold it: no placement of the plan runs faster."""
     best: dict[tuple[str, int], float] = {}
     for p in job.plans:
         if p.gpu_type not in counts or p.gpus > counts[p.gpu_type] or not plan_fits(job, p):
             continue
-        step = min(p.step_time_s, job.speed.step_time_s(p, speed_of[p.gpu_type], 1))
+        step = job.speed.step_time_s(p, speed_of[p.gpu_type], packed_peers(p, per_peer[p.gpu_type]))
         rate = 1.0 / (job.total_steps * step)
         key = (p.gpu_type, p.gpus)
         best[key] = max(best.get(key, 0.0), rate)
@@ -161,12 +171,13 @@ def lower_bound(
         return Bound(0.0, 0.0, 0, 0.0)
     counts = Counter(g.gpu_type for g in cluster.gpus)
     speed_of = {t.name: t.speed for t in cluster.types}
+    per_peer = cluster.max_per_peer()
     types = sorted(counts)
     earliest: list[float] = []
     fastest: list[float] = []
     rates: list[list[Rate]] = []
     for job in jobs:
-        rs = job_rates(job, counts, speed_of, types)
+        rs = job_rates(job, counts, speed_of, per_peer, types)
         if not rs:
             raise ValueError(f"job {job.job_id} has no plan that fits the cluster: no schedule completes it")
         rates.append(rs)

@@ -27,6 +27,9 @@ from frenzyd.sim.trace import parse_philly_csv, split_window  # noqa: E402
 
 LAB = bench_sched.clusters(True)["lab-20"]
 ONE_GPU = parse_cluster_toml('[[nodes]]\nname = "ws"\ngpus = { A100-80GB = 1 }\n')
+TWO_GPU_PEERS = parse_cluster_toml(
+    "".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ A100-80GB = 2 }}\n' for i in range(4))
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +49,25 @@ def test_a_job_alone_is_bounded_by_exactly_its_time_alone(trace: list) -> None:
     job = window_jobs(trace, LAB, 30, 1.0)[0]
     b = jct_bound.lower_bound([job], LAB, horizon_s=job.arrival_s + 10 * sim_jobs.alone_jct_s(job))
     assert b.avg_jct_s == pytest.approx(sim_jobs.alone_jct_s(job), rel=1e-6)
+
+
+def test_a_job_that_one_peer_would_run_faster_is_bounded_by_exactly_its_time_alone(trace: list) -> None:
+    # Four 2-GPU peers: a plan on more than 2 GPUs pays the inter-peer bus on any placement.  The LP once
+    # charged every plan its one-peer step time; for this job that is faster than any real placement
+    # (a gpt2 whose 8-GPU plan would beat its 2-GPU one inside one peer), and the bound fell below its
+    # time alone.
+    speed_of = {t.name: t.speed for t in TWO_GPU_PEERS.types}
+
+    def fastest_s(job, per_peer: int) -> float:
+        rates = jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, {"A100-80GB": per_peer}, ["A100-80GB"])
+        return 1.0 / max(r.rate for r in rates)
+
+    jobs = window_jobs(trace, TWO_GPU_PEERS, 60, 1.0)
+    job = next(j for j in jobs if fastest_s(j, 8) < 0.9 * fastest_s(j, 2))
+    alone = sim_jobs.alone_jct_s(job)
+    assert fastest_s(job, 2) == pytest.approx(alone - job.speed.restart_cost_s)
+    b = jct_bound.lower_bound([job], TWO_GPU_PEERS, horizon_s=job.arrival_s + 10 * alone)
+    assert b.avg_jct_s == pytest.approx(alone, rel=1e-6)
 
 
 def test_two_jobs_on_one_gpu_are_bounded_by_running_one_after_the_other(trace: list) -> None:
@@ -89,7 +111,7 @@ def test_plans_under_the_hull_are_dropped_and_the_fastest_is_kept(trace: list) -
     job = max(window_jobs(trace, LAB, 30, 1.0), key=lambda j: len(j.plans))
     counts = {"A100-80GB": 2, "T4": 8}
     speed_of = {t.name: t.speed for t in LAB.types}
-    rates = jct_bound.job_rates(job, counts, speed_of, sorted(counts))
+    rates = jct_bound.job_rates(job, counts, speed_of, LAB.max_per_peer(), sorted(counts))
     assert rates, "the job fits these types"
     for ti in {r.type_index for r in rates}:
         hull = [(0, 0.0)] + [(r.gpus, r.rate) for r in rates if r.type_index == ti]
@@ -135,8 +157,8 @@ def _window(seed: int, lp_s: float, limit_s: float, policies: dict[str, float]) 
 
 
 def test_a_window_whose_lp_is_below_the_alone_limit_is_bounded_by_the_limit() -> None:
-    # The LP charges one-peer step times, so where a job's real placement spans peers it can undercut the
-    # alone limit; both are lower bounds, and the larger one is the bound.
+    # Both are lower bounds and the larger one is the bound (an LP that charged one-peer step times undercut
+    # the alone limit where real placements span peers; saved files from it still render right).
     rows = [
         _window(0, lp_s=900.0, limit_s=1000.0, policies={"frenzy": 1500.0, "sia": 2000.0}),
         _window(1, lp_s=1200.0, limit_s=1100.0, policies={"frenzy": 1800.0, "sia": 2400.0}),
