@@ -47,6 +47,12 @@ def rank() -> Iterator[subprocess.Popen[bytes]]:
     if p.poll() is None:
         os.killpg(p.pid, 9)
         p.wait()
+
+
+@pytest.fixture(autouse=True)
+def _reap_supervisors() -> Iterator[None]:
+    """Every test's supervisors end with it and their pipes are closed (a test without ``rank`` too)."""
+    yield
     while SUPERVISORS:
         sup = SUPERVISORS.pop()
         if sup.poll() is None:
