@@ -17,14 +17,18 @@ completions of the run's best policy (short slots where jobs end), and one
 tail slot runs from ``H`` to ``H`` + 10 spans.  In each slot a job time-shares
 among its plans (``x``: the fraction of the slot on each; at most 1 in all);
 on GPU type ``t`` the plans' GPUs, ``Σ n·x``, are at most the type's GPUs;
-each job's progress, ``Σ x·Δ/(steps·step_time)``, sums to 1.  A plan's step
-time is the speed model's on the fewest peers that hold it (peers of the
-type's largest size): every placement spans at least that many, and the
-model's step time depends on the peers only through whether there is more
-than one, so no placement runs faster.  The plans are those MARP found
-feasible and the simulator does not fail for memory, pruned to each
-type's upper concave hull of (GPUs, speed) (time-sharing two
-hull plans does at least as well as a plan below the hull).  Relaxed:
+each job's progress, ``Σ x·Δ/(steps·step_time)``, sums to 1.  A plan runs
+inside one peer (the one-peer step time) or across peers (the inter-peer
+step time: the speed model's step time depends on the peers only through
+whether there is more than one).  Inside one peer it needs a peer of at
+least its GPUs: per type and size ``k`` of its peers, the one-peer plans
+of more GPUs than the next smaller size use at most the GPUs of the peers
+of ``k`` or more (a plan of 3 or 4 T4s inside one peer, where two peers
+hold 4 and the rest 2, shares those two peers' 8).  The plans are those
+MARP found feasible and the simulator does not fail for memory, pruned
+per type to the upper concave hull of (GPUs, speed), band by band
+(time-sharing plans that use no more of any peer size does at least as
+well as a plan below their hull).  Relaxed:
 within a slot, jobs and plans take turns on the GPUs at no cost (GPUs
 divisible in time, stops and moves free; a job still runs one plan at a
 time, so never faster than its fastest), and tensor groups may span peers.
@@ -48,7 +52,9 @@ plus its run on its fastest plan) is at least its time alone, so the LP is
 never the smaller now; it was in 3 of the 256-GPU windows while the LP
 charged every plan its one-peer step time (until 2026-12-04: on Alibaba's
 2-GPU nodes most plans span peers, and the LP ran them faster than any
-placement can).  ``lp_avg_jct_s`` keeps the LP's own.
+placement can; the peer-size rows came later the same day, before them the
+LP let every plan that fits a type's largest peer run inside one, any
+number at once).  ``lp_avg_jct_s`` keeps the LP's own.
 ``--render`` prints the table again from a saved ``--json`` (and rewrites its
 cells) without solving anything.
 
@@ -91,6 +97,9 @@ from frenzyd.sim.trace import parse_philly_csv, split_window
 
 TAIL_SPANS = 10.0
 """The tail slot's length in spans of the window (``H`` − the first earliest progress)."""
+SOLVERS = ("highs-ipm", "highs-ds")
+"""HiGHS' interior point first (the fastest on most windows here), its dual simplex where the interior point
+stops on a numerical error (one 64-GPU window of 2026-12-04: the simplex solved it in 24 s)."""
 BASELINES = bench_sched.BASELINES
 """The baselines the issue's 18 % target is measured against."""
 
@@ -101,11 +110,15 @@ class ReportMismatch(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """One plan a job may run in the relaxation: its type's index, its GPUs, its progress per second."""
+    """One plan a job may run in the relaxation: its type's index, its GPUs, its progress per second, and
+    its peer band: 0 for a plan any peers of the type can hold (inside the type's smallest peer, or spread
+    over several at the inter-peer step time), ``b`` ≥ 1 for a plan inside one peer of more GPUs than the
+    type's ``b`` smallest peer sizes (only its larger peers hold it)."""
 
     type_index: int
     gpus: int
     rate: float
+    band: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,40 +131,91 @@ class Bound:
     """The even slots' length: how much a job's mean busy time may be under-counted."""
     variables: int
     solve_s: float
+    solver: str = "highs-ipm"
+    """The HiGHS method that solved it (``SOLVERS``)."""
+
+
+def peer_sizes(cluster: Cluster) -> dict[str, list[int]]:
+    """GPUs of each type in each peer that holds any, largest first."""
+    out: dict[str, list[int]] = {}
+    for (_, t), n in cluster.per_peer().items():
+        out.setdefault(t, []).append(n)
+    return {t: sorted(ns, reverse=True) for t, ns in out.items()}
+
+
+def band_sizes(sizes: Sequence[int]) -> list[int]:
+    """The distinct peer sizes of a type, smallest first.  Band ``b`` ≥ 1 holds the one-peer plans of more
+    GPUs than entry ``b − 1``: they need a peer of entry ``b`` or more."""
+    return sorted(set(sizes))
+
+
+def _upper_hull(points: Iterable[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
+    """The vertices of the upper concave hull through the origin of (GPUs, rate) points (a third field
+    rides along), rising strictly: a point on or below a chord is a mix of two others that does as well."""
+    hull: list[tuple[int, float, int]] = [(0, 0.0, -1)]
+    for n, r, tag in sorted(points, key=lambda q: (q[0], q[1])):
+        if r <= hull[-1][1]:
+            continue  # more GPUs for no more speed
+        while len(hull) >= 2:
+            (n1, r1, _), (n2, r2, _) = hull[-2], hull[-1]
+            if (r2 - r1) * (n - n1) <= (r - r1) * (n2 - n1):
+                hull.pop()
+            else:
+                break
+        hull.append((n, r, tag))
+    return hull[1:]
+
+
+def _hull_at(hull: Sequence[tuple[int, float, int]], n: int) -> float:
+    """The rate mixes of ``hull``'s plans reach on at most ``n`` GPUs (0 with no plan)."""
+    prev = (0, 0.0)
+    for hn, hr, _ in hull:
+        if n <= hn:
+            return prev[1] + (hr - prev[1]) * (n - prev[0]) / (hn - prev[0])
+        prev = (hn, hr)
+    return prev[1]
 
 
 def job_rates(
     job: SimJob,
     counts: dict[str, int],
     speed_of: dict[str, float],
-    per_peer: dict[str, int],
+    sizes: dict[str, Sequence[int]],
     types: Sequence[str],
 ) -> list[Rate]:
-    """The job's plans that could complete it, as progress rates, pruned per type to the upper concave hull
-    of (GPUs, rate) through the origin.  A plan's rate is the speed model's at the fewest peers of
-    ``per_peer`` GPUs (the type's largest peer) that hold it: no placement of the plan runs faster."""
-    best: dict[tuple[str, int], float] = {}
+    """The job's plans that could complete it, as progress rates in peer bands (``Rate``).
+
+    A plan of ``n`` GPUs may run inside one peer of at least ``n`` GPUs at the one-peer step time (band
+    of the smallest such size; band 0 when the type's smallest peer holds it) or, where a type's peers
+    are not all that large, across peers at the inter-peer step time (band 0; ``JobSpeed.step_time_s``
+    depends on the peers only through whether there is more than one, so every spread placement runs at
+    that rate).  Pruned per type: a plan is dropped when a mix of plans of its band or lower, which uses
+    no more of any band's GPUs, runs at least as fast on no more GPUs (the upper concave hull of (GPUs,
+    rate) through the origin, band by band)."""
+    best: dict[tuple[str, int, int], float] = {}
     for p in job.plans:
         if p.gpu_type not in counts or p.gpus > counts[p.gpu_type] or not plan_fits(job, p):
             continue
-        step = job.speed.step_time_s(p, speed_of[p.gpu_type], packed_peers(p, per_peer[p.gpu_type]))
-        rate = 1.0 / (job.total_steps * step)
-        key = (p.gpu_type, p.gpus)
-        best[key] = max(best.get(key, 0.0), rate)
+        steps = job.total_steps
+        bands = band_sizes(sizes[p.gpu_type])
+        variants: list[tuple[int, int]] = []  # (band, peers)
+        if p.gpus <= bands[-1]:
+            variants.append((next(b for b, s in enumerate(bands) if p.gpus <= s), 1))
+        if p.gpus > bands[0] and len(sizes[p.gpu_type]) > 1:
+            variants.append((0, max(2, packed_peers(p, bands[-1]))))
+        for band, peers in variants:
+            rate = 1.0 / (steps * job.speed.step_time_s(p, speed_of[p.gpu_type], peers))
+            key = (p.gpu_type, p.gpus, band)
+            best[key] = max(best.get(key, 0.0), rate)
     out: list[Rate] = []
     for ti, t in enumerate(types):
-        hull: list[tuple[int, float]] = [(0, 0.0)]
-        for n, r in sorted((n, r) for (tt, n), r in best.items() if tt == t):
-            if r <= hull[-1][1]:
-                continue  # more GPUs for no more speed
-            while len(hull) >= 2:
-                (n1, r1), (n2, r2) = hull[-2], hull[-1]
-                if (r2 - r1) * (n - n1) <= (r - r1) * (n2 - n1):
-                    hull.pop()  # on or below the chord to the new point: a mix of the two does as well
-                else:
-                    break
-            hull.append((n, r))
-        out.extend(Rate(ti, n, r) for n, r in hull[1:])
+        mine = [(n, r, band) for (tt, n, band), r in best.items() if tt == t]
+        kept: list[tuple[int, float, int]] = []
+        for band in sorted({q[2] for q in mine}):
+            lower = _upper_hull(kept)
+            hull = _upper_hull([*kept, *(q for q in mine if q[2] == band)])
+            kept.extend(q for q in hull if q[2] == band and q[1] > _hull_at(lower, q[0]) * (1 + 1e-12))
+        out.extend(Rate(ti, n, r, band) for n, r, band in sorted(kept, key=lambda q: (q[2], q[0])))
     return out
 
 
@@ -171,13 +235,13 @@ def lower_bound(
         return Bound(0.0, 0.0, 0, 0.0)
     counts = Counter(g.gpu_type for g in cluster.gpus)
     speed_of = {t.name: t.speed for t in cluster.types}
-    per_peer = cluster.max_per_peer()
+    sizes = peer_sizes(cluster)
     types = sorted(counts)
     earliest: list[float] = []
     fastest: list[float] = []
     rates: list[list[Rate]] = []
     for job in jobs:
-        rs = job_rates(job, counts, speed_of, per_peer, types)
+        rs = job_rates(job, counts, speed_of, sizes, types)
         if not rs:
             raise ValueError(f"job {job.job_id} has no plan that fits the cluster: no schedule completes it")
         rates.append(rs)
@@ -198,6 +262,19 @@ def lower_bound(
     gpus_of: list[np.ndarray] = []
     type_of: list[np.ndarray] = []
     rate_of: list[np.ndarray] = []
+    # Band rows: for band b ≥ 1 of a type, the GPUs of the one-peer plans of band b or higher are at most
+    # the GPUs of the type's peers of band b's size or larger.
+    block: dict[tuple[int, int], int] = {}
+    band_caps: list[float] = []
+    for ti, tt in enumerate(types):
+        bs = band_sizes(sizes[tt])
+        for b in range(1, len(bs)):
+            block[(ti, b)] = len(band_caps)
+            band_caps.append(float(sum(m for m in sizes[tt] if m >= bs[b])))
+    band_row_of: list[np.ndarray] = []
+    band_col_of: list[np.ndarray] = []
+    band_val_of: list[np.ndarray] = []
+    col = 0
     for k, rs in enumerate(rates):
         first = int(np.searchsorted(starts, earliest[k] - 1e-9))
         span = np.arange(first, n_slots)
@@ -207,6 +284,11 @@ def lower_bound(
             gpus_of.append(np.full(len(span), float(r.gpus)))
             type_of.append(np.full(len(span), r.type_index))
             rate_of.append(np.full(len(span), r.rate))
+            for b in range(1, r.band + 1):
+                band_row_of.append(block[(r.type_index, b)] * n_slots + span)
+                band_col_of.append(col + np.arange(len(span)))
+                band_val_of.append(np.full(len(span), float(r.gpus)))
+            col += len(span)
     s = np.concatenate(slot_of)
     j = np.concatenate(job_of)
     n = np.concatenate(gpus_of)
@@ -215,38 +297,51 @@ def lower_bound(
     nx = len(s)
     x = np.arange(nx)
     c_cols = nx + np.arange(n_jobs)
-    # Rows: each job's share of each slot ≤ 1; each type's GPUs in each slot; each job's M + 1/(2ρ) ≤ C.
+    # Rows: each job's share of each slot ≤ 1; each type's GPUs in each slot; each job's M + 1/(2ρ) ≤ C;
+    # each band's GPUs in each slot.
     share_rows = j * n_slots + s
     gpu_rows = n_jobs * n_slots + t * n_slots + s
     busy_base = n_jobs * n_slots + n_types * n_slots
+    band_base = busy_base + n_jobs
+    none = np.zeros(0, dtype=np.int64)
+    band_rows = band_base + (np.concatenate(band_row_of) if band_row_of else none)
+    band_cols = np.concatenate(band_col_of) if band_col_of else none
+    band_vals = np.concatenate(band_val_of) if band_val_of else np.zeros(0)
+    own_c = busy_base + np.arange(n_jobs)
     a_ub = coo_matrix(
         (
-            np.concatenate([np.ones(nx), n, progress * starts[s], -np.ones(n_jobs)]),
+            np.concatenate([np.ones(nx), n, progress * starts[s], -np.ones(n_jobs), band_vals]),
             (
-                np.concatenate([share_rows, gpu_rows, busy_base + j, busy_base + np.arange(n_jobs)]),
-                np.concatenate([x, x, x, c_cols]),
+                np.concatenate([share_rows, gpu_rows, busy_base + j, own_c, band_rows]),
+                np.concatenate([x, x, x, c_cols, band_cols]),
             ),
         ),
-        shape=(busy_base + n_jobs, nx + n_jobs),
+        shape=(band_base + len(band_caps) * n_slots, nx + n_jobs),
     ).tocsr()
     b_ub = np.concatenate([
         np.ones(n_jobs * n_slots),
         np.repeat(np.array([float(counts[tt]) for tt in types]), n_slots),
         -0.5 / np.array(fastest),
+        np.repeat(np.array(band_caps), n_slots),
     ])
     a_eq = coo_matrix((progress, (j, x)), shape=(n_jobs, nx + n_jobs)).tocsr()
     cost = np.concatenate([np.zeros(nx), np.ones(n_jobs)])
     finish = preemption.finish_s
     bounds = [(0.0, None)] * nx + [(lo, None) for lo in c_low]
     began = time.perf_counter()
-    res = linprog(
-        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n_jobs), bounds=bounds, method="highs-ipm"
-    )
+    failed: list[str] = []
+    for method in SOLVERS:
+        res = linprog(
+            cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n_jobs), bounds=bounds, method=method
+        )
+        if res.status == 0:
+            break
+        failed.append(f"{method}: {res.message}")
+    else:
+        raise RuntimeError(f"the bound's LP did not solve ({'; '.join(failed)})")
     solve_s = time.perf_counter() - began
-    if res.status != 0:
-        raise RuntimeError(f"the bound's LP did not solve: {res.message}")
     total = float(res.fun) + finish * n_jobs - sum(jb.arrival_s for jb in jobs)
-    return Bound(total / n_jobs, (end - t0) / slots, nx, solve_s)
+    return Bound(total / n_jobs, (end - t0) / slots, nx, solve_s, method)
 
 
 # ----------------------------------------------------------------------------- a bench_sched report

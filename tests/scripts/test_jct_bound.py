@@ -27,9 +27,15 @@ from frenzyd.sim.trace import parse_philly_csv, split_window  # noqa: E402
 
 LAB = bench_sched.clusters(True)["lab-20"]
 ONE_GPU = parse_cluster_toml('[[nodes]]\nname = "ws"\ngpus = { A100-80GB = 1 }\n')
-TWO_GPU_PEERS = parse_cluster_toml(
-    "".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ A100-80GB = 2 }}\n' for i in range(4))
-)
+
+
+def a100_peers(*sizes: int):
+    return parse_cluster_toml(
+        "".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ A100-80GB = {k} }}\n' for i, k in enumerate(sizes))
+    )
+
+
+TWO_GPU_PEERS = a100_peers(2, 2, 2, 2)
 
 
 @pytest.fixture(scope="module")
@@ -58,16 +64,84 @@ def test_a_job_that_one_peer_would_run_faster_is_bounded_by_exactly_its_time_alo
     # time alone.
     speed_of = {t.name: t.speed for t in TWO_GPU_PEERS.types}
 
-    def fastest_s(job, per_peer: int) -> float:
-        rates = jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, {"A100-80GB": per_peer}, ["A100-80GB"])
+    def fastest_s(job, sizes: list[int]) -> float:
+        rates = jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, {"A100-80GB": sizes}, ["A100-80GB"])
         return 1.0 / max(r.rate for r in rates)
 
     jobs = window_jobs(trace, TWO_GPU_PEERS, 60, 1.0)
-    job = next(j for j in jobs if fastest_s(j, 8) < 0.9 * fastest_s(j, 2))
+    job = next(j for j in jobs if fastest_s(j, [8]) < 0.9 * fastest_s(j, [2, 2, 2, 2]))
     alone = sim_jobs.alone_jct_s(job)
-    assert fastest_s(job, 2) == pytest.approx(alone - job.speed.restart_cost_s)
+    assert fastest_s(job, [2, 2, 2, 2]) == pytest.approx(alone - job.speed.restart_cost_s)
     b = jct_bound.lower_bound([job], TWO_GPU_PEERS, horizon_s=job.arrival_s + 10 * alone)
     assert b.avg_jct_s == pytest.approx(alone, rel=1e-6)
+
+
+def test_plans_inside_one_peer_compete_for_the_peers_that_can_hold_them(trace: list) -> None:
+    # One 4-GPU peer and two 2-GPU peers.  A job whose 4-GPU plan inside one peer is over twice as fast as
+    # anything the 2-GPU peers run (its data-parallel gradients crawl between peers), and a twin: only one
+    # of them can have the big peer at a time.  The LP once let every plan that fits the type's largest
+    # peer run inside one, any number at once: it bounded this pair as if there were two big peers.
+    mixed, even = a100_peers(4, 2, 2), a100_peers(4, 4)
+    speed_of = {t.name: t.speed for t in mixed.types}
+
+    def rates(job, cluster) -> list:
+        sizes = jct_bound.peer_sizes(cluster)
+        return jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, sizes, ["A100-80GB"])
+
+    def big_peer_gain(job) -> float:
+        rs = rates(job, mixed)
+        inside = [r.rate for r in rs if r.band == 1]
+        return max(inside, default=0.0) / max((r.rate for r in rs if r.band == 0), default=float("inf"))
+
+    job = next(j for j in window_jobs(trace, mixed, 60, 1.0) if big_peer_gain(j) > 2.0)
+    assert {(r.gpus, r.band) for r in rates(job, mixed) if r.band == 1} == {(4, 1)}
+    assert all(r.band == 0 for r in rates(job, even))  # two big peers: nothing to compete for
+    twin = dataclasses.replace(job, job_id=job.job_id + "-twin")
+    alone = sim_jobs.alone_jct_s(job)
+    horizon = job.arrival_s + 4 * alone
+    on_even = jct_bound.lower_bound([job, twin], even, horizon_s=horizon)
+    on_mixed = jct_bound.lower_bound([job, twin], mixed, horizon_s=horizon)
+    assert on_even.avg_jct_s == pytest.approx(alone, rel=1e-6)  # each on its own big peer
+    assert on_mixed.avg_jct_s > 1.1 * alone
+    _, results = run_policies(
+        [load_policy(p) for p in ("srtf", "frenzy")], [job, twin], mixed, seed=0, clock=time.perf_counter
+    )
+    for r in results:
+        assert sum(o.end_s - o.arrival_s for o in r.outcomes) / 2 >= on_mixed.avg_jct_s, r.name
+
+
+def test_a_numerical_error_of_the_interior_point_falls_back_to_the_simplex(
+    trace: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HiGHS' interior point stopped with "Solve error" on one 64-GPU window after minutes of work and took
+    # the whole run's windows with it; its dual simplex solved the same LP in seconds.
+    job = window_jobs(trace, LAB, 30, 1.0)[0]
+    horizon = job.arrival_s + 10 * sim_jobs.alone_jct_s(job)
+    real = jct_bound.linprog
+    calls: list[str] = []
+
+    def ipm_fails(*args, method: str, **kwargs):
+        calls.append(method)
+        res = real(*args, method=method, **kwargs)
+        if method == "highs-ipm":
+            res.status, res.message = 4, "Solve error (forced by the test)"
+        return res
+
+    monkeypatch.setattr(jct_bound, "linprog", ipm_fails)
+    b = jct_bound.lower_bound([job], LAB, horizon_s=horizon)
+    assert calls == ["highs-ipm", "highs-ds"]
+    assert b.solver == "highs-ds"
+    assert b.avg_jct_s == pytest.approx(sim_jobs.alone_jct_s(job), rel=1e-6)
+
+    def every_method_fails(*args, method: str, **kwargs):
+        res = real(*args, method=method, **kwargs)
+        res.status, res.message = 4, f"Solve error in {method}"
+        return res
+
+    monkeypatch.setattr(jct_bound, "linprog", every_method_fails)
+    both = "highs-ipm: Solve error in highs-ipm; highs-ds: Solve error in highs-ds"
+    with pytest.raises(RuntimeError, match=both):
+        jct_bound.lower_bound([job], LAB, horizon_s=horizon)
 
 
 def test_two_jobs_on_one_gpu_are_bounded_by_running_one_after_the_other(trace: list) -> None:
@@ -107,11 +181,43 @@ def test_no_policy_of_a_loaded_window_beats_the_bound_and_it_beats_the_alone_lim
         assert sum(done) / len(done) >= b.avg_jct_s, r.name
 
 
+def best_mix(points: list[tuple[int, float]], n: int) -> float:
+    """The best rate a time-share of two of these (GPUs, rate) plans reaches on at most ``n`` GPUs."""
+    best = 0.0
+    for (na, ra), (nb, rb) in itertools.product(points, points):
+        if na <= n <= nb and nb > na:
+            best = max(best, ra + (rb - ra) * (n - na) / (nb - na))
+        elif nb <= n:
+            best = max(best, rb)
+    return best
+
+
+def test_a_plan_inside_a_larger_peer_is_kept_only_where_it_beats_what_any_peer_runs(trace: list) -> None:
+    mixed = a100_peers(4, 2, 2)
+    speed_of = {t.name: t.speed for t in mixed.types}
+    sizes = jct_bound.peer_sizes(mixed)
+    assert sizes == {"A100-80GB": [4, 2, 2]}
+    for job in window_jobs(trace, mixed, 40, 1.0):
+        rs = jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, sizes, ["A100-80GB"])
+        band0 = [(0, 0.0)] + [(r.gpus, r.rate) for r in rs if r.band == 0]
+        for r in rs:
+            assert r.band in (0, 1)
+            if r.band == 1:  # inside one 4-GPU peer, and faster than any mix of band-0 plans on as many GPUs
+                assert 2 < r.gpus <= 4
+                assert r.rate > best_mix(band0, r.gpus)
+        fastest = max(r.rate for r in rs)
+        one_peer = max(
+            1.0 / (job.total_steps * job.speed.step_time_s(p, speed_of[p.gpu_type], 1))
+            for p in job.plans if p.gpus <= 4 and jct_bound.plan_fits(job, p)
+        )
+        assert fastest >= one_peer * (1 - 1e-12)  # the fastest plan inside a peer is never dropped
+
+
 def test_plans_under_the_hull_are_dropped_and_the_fastest_is_kept(trace: list) -> None:
     job = max(window_jobs(trace, LAB, 30, 1.0), key=lambda j: len(j.plans))
     counts = {"A100-80GB": 2, "T4": 8}
     speed_of = {t.name: t.speed for t in LAB.types}
-    rates = jct_bound.job_rates(job, counts, speed_of, LAB.max_per_peer(), sorted(counts))
+    rates = jct_bound.job_rates(job, counts, speed_of, jct_bound.peer_sizes(LAB), sorted(counts))
     assert rates, "the job fits these types"
     for ti in {r.type_index for r in rates}:
         hull = [(0, 0.0)] + [(r.gpus, r.rate) for r in rates if r.type_index == ti]
