@@ -98,8 +98,9 @@ from frenzyd.sim.trace import parse_philly_csv, split_window
 TAIL_SPANS = 10.0
 """The tail slot's length in spans of the window (``H`` − the first earliest progress)."""
 SOLVERS = ("highs-ipm", "highs-ds")
-"""HiGHS' interior point first (the fastest on most windows here), its dual simplex where the interior point
-stops on a numerical error (one 64-GPU window of 2026-12-04: the simplex solved it in 24 s)."""
+"""HiGHS' interior point first (1.5-8 min a window of the Alibaba slices here), its dual simplex where the
+interior point stops on a numerical error: it did on one 64-GPU window while the peer-size rows were being
+written ("HiGHS Status 4: Solve error" after minutes), and the simplex solved that LP in 24 s."""
 BASELINES = bench_sched.BASELINES
 """The baselines the issue's 18 % target is measured against."""
 
