@@ -194,10 +194,10 @@ def job_rates(
     no more of any band's GPUs, runs at least as fast on no more GPUs (the upper concave hull of (GPUs,
     rate) through the origin, band by band)."""
     best: dict[tuple[str, int, int], float] = {}
+    steps = job.total_steps
     for p in job.plans:
         if p.gpu_type not in counts or p.gpus > counts[p.gpu_type] or not plan_fits(job, p):
             continue
-        steps = job.total_steps
         bands = band_sizes(sizes[p.gpu_type])
         variants: list[tuple[int, int]] = []  # (band, peers)
         if p.gpus <= bands[-1]:
@@ -308,12 +308,12 @@ def lower_bound(
     band_rows = band_base + (np.concatenate(band_row_of) if band_row_of else none)
     band_cols = np.concatenate(band_col_of) if band_col_of else none
     band_vals = np.concatenate(band_val_of) if band_val_of else np.zeros(0)
-    own_c = busy_base + np.arange(n_jobs)
+    c_rows = busy_base + np.arange(n_jobs)
     a_ub = coo_matrix(
         (
             np.concatenate([np.ones(nx), n, progress * starts[s], -np.ones(n_jobs), band_vals]),
             (
-                np.concatenate([share_rows, gpu_rows, busy_base + j, own_c, band_rows]),
+                np.concatenate([share_rows, gpu_rows, busy_base + j, c_rows, band_rows]),
                 np.concatenate([x, x, x, c_cols, band_cols]),
             ),
         ),

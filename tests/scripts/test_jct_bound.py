@@ -197,6 +197,7 @@ def test_a_plan_inside_a_larger_peer_is_kept_only_where_it_beats_what_any_peer_r
     speed_of = {t.name: t.speed for t in mixed.types}
     sizes = jct_bound.peer_sizes(mixed)
     assert sizes == {"A100-80GB": [4, 2, 2]}
+    inside_big_peer = 0
     for job in window_jobs(trace, mixed, 40, 1.0):
         rs = jct_bound.job_rates(job, {"A100-80GB": 8}, speed_of, sizes, ["A100-80GB"])
         band0 = [(0, 0.0)] + [(r.gpus, r.rate) for r in rs if r.band == 0]
@@ -205,12 +206,14 @@ def test_a_plan_inside_a_larger_peer_is_kept_only_where_it_beats_what_any_peer_r
             if r.band == 1:  # inside one 4-GPU peer, and faster than any mix of band-0 plans on as many GPUs
                 assert 2 < r.gpus <= 4
                 assert r.rate > best_mix(band0, r.gpus)
+                inside_big_peer += 1
         fastest = max(r.rate for r in rs)
         one_peer = max(
             1.0 / (job.total_steps * job.speed.step_time_s(p, speed_of[p.gpu_type], 1))
             for p in job.plans if p.gpus <= 4 and jct_bound.plan_fits(job, p)
         )
         assert fastest >= one_peer * (1 - 1e-12)  # the fastest plan inside a peer is never dropped
+    assert inside_big_peer > 0  # the window has jobs for which the big peer is worth its cap
 
 
 def test_plans_under_the_hull_are_dropped_and_the_fastest_is_kept(trace: list) -> None:
